@@ -1,0 +1,24 @@
+#!/usr/bin/env python
+"""Run a composed config: `python launch.py [group=option ...] [key=value ...]`.
+
+Hydra composes conf/ (plus the `sweep` group from sweeps/); marin validates before anything is
+imported or written, then dry-runs, reproduces, trains in-process or submits to Slurm, as the
+config says. See README.md.
+"""
+import hydra
+from omegaconf import DictConfig
+
+from marin.config.store import register
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from marin.launch.entry import dispatch
+
+    dispatch(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""marin: declarative mixture-of-experts experiments in JAX (Hydra + MLflow + Slurm)."""

@@ -1,0 +1,1 @@
+"""Config schemas, derivation and validation. Never imports JAX."""

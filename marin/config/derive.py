@@ -1,0 +1,112 @@
+"""Derived values: the only place where numbers are computed from the config.
+
+`resolve(cfg)` returns a copy of the composed config with every ``auto`` replaced by its value
+(head counts, KV heads, MoE widths, init std, the data-parallel size, steps from the token
+budget, micro-batch, and the learning-rate / β2 / ε rule). Everything downstream reads the
+resolved config; the composed one (with its ``auto`` leaves) is what a run saves for
+reproduction, so derived values are recomputed when a run is reproduced.
+
+Pure Python: importing this module never imports JAX.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+from marin.config.schema import AUTO, Config, HardwareConfig
+from marin.model import accounting
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value == AUTO
+
+
+def layer_is_global(num_layers: int, global_every: int, last_layer_global: bool) -> list[bool]:
+    """Layer i (0-based) is global when (i+1) % global_every == 0; the last one too if asked."""
+    pattern = [global_every > 0 and (i + 1) % global_every == 0 for i in range(num_layers)]
+    if last_layer_global and num_layers:
+        pattern[-1] = True
+    return pattern
+
+
+def devices_per_process(hw: HardwareConfig) -> int:
+    if hw.platform == "gpu":
+        return max(1, hw.gpus_per_node // max(1, hw.tasks_per_node))
+    return max(1, hw.host_devices)
+
+
+def device_count(hw: HardwareConfig) -> int:
+    """Devices the job sees: nodes × processes per node × devices per process."""
+    return hw.nodes * hw.tasks_per_node * devices_per_process(hw)
+
+
+def batch_shards(hw: HardwareConfig) -> int:
+    """How many ways the global batch is split: every mesh axis but `model` holds its own tokens."""
+    m = hw.mesh
+    return m.replica_dcn * int(m.data) * m.expert
+
+
+def qk_mult_for_length(qk_mult_old: float, old_len: int, new_len: int) -> float:
+    """Context-extension rule: qk_mult_new = qk_mult_old · (1 + 0.1 · ln(new_len / old_len))."""
+    return qk_mult_old * (1.0 + 0.1 * math.log(new_len / old_len))
+
+
+def lr_rule(total_tokens: float, d_model: int, batch_tokens: float, cap: float) -> dict[str, float]:
+    """The spec's learning-rate / β2 / ε rule (§3) from the token budget T, width d and batch B."""
+    adam_lr = min(cap, 0.087571 * total_tokens ** -0.3461 * d_model ** -0.3448 * math.sqrt(batch_tokens))
+    b2 = min(max(0.999 ** (batch_tokens / 131072), 0.95), 0.9999)
+    eps = 9.676e-18 * math.sqrt(total_tokens / batch_tokens)
+    return {"lr": adam_lr, "b2": b2, "eps": eps}
+
+
+def steps_from_budget(active_params: int, tokens_per_active_param: float, tokens_per_step: int) -> int:
+    """Token budget rule: steps = round(tokens_per_active_param × active / tokens_per_step)."""
+    return max(1, round(tokens_per_active_param * active_params / tokens_per_step))
+
+
+def resolve(cfg: Config) -> Config:
+    """Return a copy of `cfg` with every ``auto`` leaf replaced by its derived value.
+
+    Fields are filled in dependency order: shapes first (they feed the parameter count), then
+    the mesh, then steps (from the active parameter count), then the optimizer rule (from steps).
+    Leaves that are not ``auto`` are kept as given; `marin.config.validate` checks them.
+    """
+    cfg = copy.deepcopy(cfg)
+    m, a, hw, t, o = cfg.model, cfg.attention, cfg.hardware, cfg.train, cfg.optim
+    d = m.d_model
+    if is_auto(a.num_heads):
+        a.num_heads = max(1, d // a.head_dim)
+    if is_auto(a.kv_heads_local):
+        a.kv_heads_local = max(1, a.num_heads // 4)
+    if is_auto(a.kv_heads_global):
+        a.kv_heads_global = max(1, a.num_heads // 8)
+    for name in ("expert_width", "latent_dim", "shared_width"):
+        if is_auto(getattr(m, name)):
+            setattr(m, name, d // 2)
+    if is_auto(m.init_std):
+        m.init_std = 0.5 / math.sqrt(d)
+
+    if is_auto(hw.mesh.data):
+        others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model
+        hw.mesh.data = max(1, device_count(hw) // max(1, others))
+    if is_auto(t.micro_batch):
+        t.micro_batch = max(1, t.global_batch // max(1, batch_shards(hw)))
+
+    tokens_per_step = t.seq_len * t.global_batch
+    if is_auto(t.steps):
+        t.steps = steps_from_budget(accounting.active_params(cfg), t.tokens_per_active_param, tokens_per_step)
+
+    if any(is_auto(v) for v in (o.lr, o.b2, o.eps)) and isinstance(t.steps, int):
+        rule = lr_rule(t.steps * tokens_per_step, d, tokens_per_step, o.adam_lr_cap)
+        for name in ("lr", "b2", "eps"):
+            if is_auto(getattr(o, name)):
+                setattr(o, name, rule[name])
+    return cfg
+
+
+def group_lrs(cfg: Config) -> dict[str, float]:
+    """Peak learning rate of each optimizer parameter group (resolved config)."""
+    o = cfg.optim
+    if o.name == "muonh":
+        return {"muonh": o.muonh_lr_ratio * o.lr, "adamh": o.muonh_lr_ratio * o.lr, "adam": o.lr}
+    return {"adamw": o.lr}

@@ -1,0 +1,40 @@
+"""Registers the schemas (and the named sweeps) in Hydra's ConfigStore.
+
+Every group YAML starts with ``defaults: [schema, _self_]``: the dataclass stored here as
+``<group>/schema`` types it, so unknown keys and wrong types fail at compose time. The root
+``schema`` types the top-level keys. The files in ``sweeps/`` are stored as the ``sweep``
+group (package ``_global_``), which is how ``sweep=<name>`` finds them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from marin.config.schema import GROUPS, Config
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = PROJECT_ROOT / "conf"
+SWEEPS_DIR = PROJECT_ROOT / "sweeps"
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    for group, schema in GROUPS.items():
+        cs.store(group=group, name="schema", node=schema)
+    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    _registered = True
+
+
+def options(group: str) -> list[str]:
+    """The selectable options of a group (its YAML files; `schema` is not an option)."""
+    folder = SWEEPS_DIR if group == "sweep" else CONF_DIR / group
+    return sorted(p.stem for p in folder.glob("*.yaml"))

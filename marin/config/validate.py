@@ -1,0 +1,157 @@
+"""Cross-field checks, run right after Hydra composes and before anything is imported or written.
+
+`load(cfg)` turns the composed DictConfig into the typed `Config`, checks the leaves that Hydra's
+types cannot (``auto`` or a number, choices, ranges), resolves derived values, then checks the
+relations between fields. Every problem is reported as ``<field>: <what is allowed>``; the caller
+prints them and exits non-zero. Pure Python: no JAX.
+"""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from marin.config import derive
+from marin.config.schema import Config
+
+CHOICES = {
+    "model.dispatch": ("sort", "ragged_dot", "dense"),
+    "model.compute_dtype": ("float32", "bfloat16"),
+    "router.kind": ("qb", "softmax_aux", "bias_update"),
+    "router.combine": ("sigmoid", "softmax"),
+    "hardware.launcher": ("local", "slurm"),
+    "hardware.platform": ("cpu", "gpu"),
+    "optim.name": ("adamw", "muonh"),
+    "schedule.name": ("warmup_linear",),
+}
+
+
+class ConfigError(ValueError):
+    """One or more invalid fields; `str()` lists them one per line as ``field: message``."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{name}: {msg}" for name, msg in problems))
+
+
+def _get(cfg: Config, dotted: str):
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _auto_or(value, kind: str, positive: bool = True) -> str | None:
+    """None if `value` is ``auto`` or a number of `kind`; else what is allowed."""
+    if derive.is_auto(value):
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and (not positive or value > 0):
+        return None
+    return f"expected 'auto' or a {'positive ' if positive else ''}{'integer' if kind == 'int' else 'number'}, got {value!r}"
+
+
+def check_leaves(cfg: Config) -> list[tuple[str, str]]:
+    """Checks on single leaves that the schema's types cannot express."""
+    problems = []
+    for name, allowed in CHOICES.items():
+        value = _get(cfg, name)
+        if value not in allowed:
+            problems.append((name, f"must be one of {', '.join(allowed)}; got {value!r}"))
+    auto_ints = ["attention.num_heads", "attention.kv_heads_local", "attention.kv_heads_global",
+                 "model.expert_width", "model.latent_dim", "model.shared_width", "train.steps",
+                 "train.micro_batch", "hardware.mesh.data"]
+    for name in auto_ints:
+        if (msg := _auto_or(_get(cfg, name), "int")) is not None:
+            problems.append((name, msg))
+    for name in ["model.init_std", "optim.lr", "optim.b2", "optim.eps"]:
+        if (msg := _auto_or(_get(cfg, name), "float")) is not None:
+            problems.append((name, msg))
+    positive_ints = ["model.d_model", "model.num_layers", "model.vocab_size", "model.num_experts",
+                     "attention.head_dim", "router.top_k", "train.seq_len", "train.global_batch",
+                     "hardware.nodes", "hardware.tasks_per_node", "hardware.host_devices",
+                     "hardware.mesh.replica_dcn", "hardware.mesh.expert", "hardware.mesh.model"]
+    for name in positive_ints:
+        if _get(cfg, name) < 1:
+            problems.append((name, f"must be ≥ 1; got {_get(cfg, name)}"))
+    if cfg.model.capacity_factor <= 0:
+        problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
+    if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
+        problems.append(("attention.rope_fraction", f"must be in [0, 1]; got {cfg.attention.rope_fraction}"))
+    if cfg.dry_run not in (False, True, "json"):
+        problems.append(("dry_run", f"must be false, true or json; got {cfg.dry_run!r}"))
+    if cfg.train.stop_after is not None and cfg.train.stop_after < 1:
+        problems.append(("train.stop_after", f"must be ≥ 1 or null; got {cfg.train.stop_after}"))
+    return problems
+
+
+def check_relations(cfg: Config) -> list[tuple[str, str]]:
+    """Checks between fields of a resolved config."""
+    from marin.data.mixture import check as check_data  # pure Python, no JAX
+
+    m, a, r, hw, t = cfg.model, cfg.attention, cfg.router, cfg.hardware, cfg.train
+    problems = []
+    if a.num_heads * a.head_dim != m.d_model:
+        problems.append(("attention.num_heads", f"num_heads × head_dim must equal model.d_model "
+                         f"({m.d_model}); got {a.num_heads} × {a.head_dim} = {a.num_heads * a.head_dim}"))
+    for name in ("kv_heads_local", "kv_heads_global"):
+        kv = getattr(a, name)
+        if kv < 1 or a.num_heads % kv:
+            problems.append((f"attention.{name}", f"must divide attention.num_heads ({a.num_heads}); got {kv}"))
+    if a.kv_heads_global > a.kv_heads_local:
+        problems.append(("attention.kv_heads_global", f"must be ≤ attention.kv_heads_local "
+                         f"({a.kv_heads_local}): global layers use the first stored KV heads; got {a.kv_heads_global}"))
+    if int(a.head_dim * a.rope_fraction) % 2:
+        problems.append(("attention.rope_fraction", f"head_dim × rope_fraction must be even; got {a.head_dim} × {a.rope_fraction}"))
+    if r.top_k > m.num_experts:
+        problems.append(("router.top_k", f"must be ≤ model.num_experts ({m.num_experts}); got {r.top_k}"))
+    elif r.kind == "qb" and r.top_k >= m.num_experts:
+        problems.append(("router.top_k", f"QB routing needs top_k < model.num_experts ({m.num_experts}) "
+                         f"for its threshold; got {r.top_k}"))
+    if m.latent_dim > m.d_model:
+        problems.append(("model.latent_dim", f"must be ≤ model.d_model ({m.d_model}); got {m.latent_dim}"))
+    if m.gated_norm_rank < 0:
+        problems.append(("model.gated_norm_rank", f"must be ≥ 0 (0 = off); got {m.gated_norm_rank}"))
+    if cfg.optim.lr <= 0:
+        problems.append(("optim.lr", f"must be > 0; got {cfg.optim.lr}"))
+
+    devices = derive.device_count(hw)
+    mesh = hw.mesh
+    product = mesh.replica_dcn * mesh.data * mesh.expert * mesh.model
+    if product != devices:
+        problems.append(("hardware.mesh", f"replica_dcn × data × expert × model must equal the device "
+                         f"count {devices}; got {mesh.replica_dcn} × {mesh.data} × {mesh.expert} × {mesh.model} = {product}"))
+    if m.num_experts % mesh.expert:
+        problems.append(("hardware.mesh.expert", f"must divide model.num_experts ({m.num_experts}); got {mesh.expert}"))
+    shards = derive.batch_shards(hw)
+    if t.global_batch % shards:
+        problems.append(("train.global_batch", f"must be divisible by the data-parallel size "
+                         f"(replica_dcn × data × expert = {shards}); got {t.global_batch}"))
+    elif t.global_batch % (t.micro_batch * shards):
+        problems.append(("train.micro_batch", f"micro_batch × {shards} devices must divide train.global_batch "
+                         f"({t.global_batch}); got {t.micro_batch}"))
+    if t.stop_after is not None and t.stop_after > t.steps:
+        problems.append(("train.stop_after", f"must be ≤ train.steps ({t.steps}); got {t.stop_after}"))
+    h = cfg.schedule.horizon_steps
+    if h is not None and not 1 <= h <= t.steps:
+        problems.append(("schedule.horizon_steps", f"must be in [1, train.steps={t.steps}]; got {h}"))
+    problems += check_data(cfg)
+    return problems
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The typed config object of a composed DictConfig (the ``hydra`` node is not part of it)."""
+    return OmegaConf.to_object(cfg)
+
+
+def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
+    """Validate a composed config; return (composed, resolved) or raise ConfigError."""
+    composed = to_config(cfg) if isinstance(cfg, DictConfig) else cfg
+    problems = check_leaves(composed)
+    if problems:
+        raise ConfigError(problems)
+    resolved = derive.resolve(composed)
+    problems = check_relations(resolved)
+    if problems:
+        raise ConfigError(problems)
+    return composed, resolved

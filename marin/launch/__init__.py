@@ -1,0 +1,1 @@
+"""Where a run goes: the plan (dry run), in-process training, Slurm submission, meshes."""
