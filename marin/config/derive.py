@@ -1,10 +1,11 @@
 """Derived values: the only place where numbers are computed from the config.
 
 `resolve(cfg)` returns a copy of the composed config with every ``auto`` replaced by its value
-(head counts, KV heads, MoE widths, init std, the data-parallel size, steps from the token
-budget, micro-batch, and the learning-rate / β2 / ε rule). Everything downstream reads the
-resolved config; the composed one (with its ``auto`` leaves) is what a run saves for
-reproduction, so derived values are recomputed when a run is reproduced.
+(head counts, KV heads, MoE widths, init std, qk_mult after context extensions, the
+data-parallel size, steps from the token budget, micro-batch, and the learning-rate / β2 / ε
+rule). Everything downstream reads the resolved config; the composed one (with its ``auto``
+leaves) is what a run saves for reproduction, so derived values are recomputed when a run is
+reproduced.
 
 Pure Python: importing this module never imports JAX.
 """
@@ -51,6 +52,22 @@ def qk_mult_for_length(qk_mult_old: float, old_len: int, new_len: int) -> float:
     return qk_mult_old * (1.0 + 0.1 * math.log(new_len / old_len))
 
 
+def qk_mult_through(qk_mult_base: float, seq_lens: list[int]) -> float:
+    """qk_mult after extending the context through `seq_lens` (the pretraining length first):
+    the rule applied once per extension, so 4K → 8K → 65K compounds both steps."""
+    qk_mult = qk_mult_base
+    for old_len, new_len in zip(seq_lens, seq_lens[1:]):
+        qk_mult = qk_mult_for_length(qk_mult, old_len, new_len)
+    return qk_mult
+
+
+def stage_seq_lens(cfg: Config) -> list[int]:
+    """Sequence lengths from pretraining to this run: earlier stages, the run init_from
+    continues (train.init_seq_len), then train.seq_len."""
+    t = cfg.train
+    return [*t.earlier_seq_lens, *([t.init_seq_len] if t.init_seq_len else []), t.seq_len]
+
+
 def lr_rule(total_tokens: float, d_model: int, batch_tokens: float, cap: float) -> dict[str, float]:
     """The spec's learning-rate / β2 / ε rule (§3) from the token budget T, width d and batch B."""
     adam_lr = min(cap, 0.087571 * total_tokens ** -0.3461 * d_model ** -0.3448 * math.sqrt(batch_tokens))
@@ -85,6 +102,8 @@ def resolve(cfg: Config) -> Config:
             setattr(m, name, d // 2)
     if is_auto(m.init_std):
         m.init_std = 0.5 / math.sqrt(d)
+    if is_auto(a.qk_mult):
+        a.qk_mult = qk_mult_through(a.qk_mult_base, stage_seq_lens(cfg))
 
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model

@@ -54,7 +54,8 @@ class AttentionConfig:
     rope_theta: float = 10000.0
     rope_on_global: bool = False         # False = NoPE on global layers
     qk_norm: bool = True                 # per-head RMS norm of q and k (no gain)
-    qk_mult: float = 1.3                 # queries are multiplied by this after the norm
+    qk_mult: Any = 1.3                   # multiplies the normed queries; auto = qk_mult_base rescaled per extension
+    qk_mult_base: float = 1.3            # qk_mult of the pretraining stage: where auto starts
     xsa: bool = True                     # exclusive self-attention
     output_gate: bool = True             # per-head gate 2·sigmoid(x·W_gate)
     conv_k: bool = True                  # causal conv after the K projection (model.conv_kernel taps)
@@ -78,7 +79,7 @@ class SourceConfig:
     """One source (or mixture cell) of the data mixture."""
     name: str = "???"
     kind: str = "text"                   # builtin | text | jsonl | parquet
-    paths: List[str] = field(default_factory=list)   # files or globs (relative to data.root)
+    paths: List[str] = field(default_factory=list)   # files or globs (relative to data.root); builtin: pydoc_data | stdlib
     weights: List[float] = field(default_factory=list)  # one weight per phase
     tokens: Optional[int] = None         # available tokens, for epoch accounting
     text_field: str = "text"             # jsonl / parquet column
@@ -88,8 +89,8 @@ class SourceConfig:
 class EvalSetConfig:
     """A held-out evaluation set (zero weight in training)."""
     name: str = "???"
-    kind: str = "text"
-    paths: List[str] = field(default_factory=list)
+    kind: str = "text"                   # builtin | text | jsonl | parquet
+    paths: List[str] = field(default_factory=list)   # as in a source; builtin: pydoc_data/heldout | stdlib/heldout
     text_field: str = "text"
 
 
@@ -98,14 +99,17 @@ class DataConfig:
     """The mixture (`conf/data/`, code in `marin/data/`)."""
     name: str = "builtin"
     root: str = "."                      # site-specific: where relative paths resolve
-    tokenizer: str = "byte"              # byte | path to a tokenizer.json
+    tokenizer: str = "byte"              # byte | path to a tokenizer.json (relative: project root)
     sources: List[SourceConfig] = field(default_factory=list)
-    cells_file: Optional[str] = None     # CSV/JSON of cells (name, tokens, weights per phase)
+    cells_file: Optional[str] = None     # CSV of cells: name, tokens, weight_<phase> (relative: project root)
+    cells_paths: str = "cells/{name}/*.parquet"  # each cell's files under data.root ({name}, {topic}, {quality})
+    cells_kind: str = "parquet"          # text | jsonl | parquet: the cells' file format
+    cells_expected: Optional[int] = None  # the cells file must list exactly this many cells
     phase_names: List[str] = field(default_factory=lambda: ["pretrain"])
     phase_boundaries: List[float] = field(default_factory=list)  # fractions of the run in (0, 1)
     max_epochs: float = 8.0              # no source may repeat more than this
     eval_sets: List[EvalSetConfig] = field(default_factory=list)
-    cache_dir: Optional[str] = None      # token cache; default <output>/cache/tokens
+    cache_dir: Optional[str] = None      # token cache; default <run.out_dir>/cache/tokens
 
 
 @dataclass
@@ -134,9 +138,12 @@ class HardwareConfig:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     time_min: int = 60
-    max_requeues: int = 3
-    env: Dict[str, str] = field(default_factory=dict)
-    xla_flags: str = ""
+    max_requeues: int = 3                # Slurm requeues after preemption / time limit, then stop
+    signal_delay_s: int = 120            # Slurm sends USR2 this long before the time limit (checkpoint time)
+    init_timeout_s: int = 300            # jax.distributed.initialize waits this long for every process
+    env: Dict[str, str] = field(default_factory=dict)   # exported to every process of the job
+    xla_flags: str = ""                  # XLA_FLAGS of every process (forced host devices are added)
+    setup: List[str] = field(default_factory=list)      # shell lines run before the job (module load, ...)
     peak_flops_per_device: float = 0.0   # for MFU; 0 = measure nothing, report no MFU
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
@@ -164,6 +171,7 @@ class ScheduleConfig:
     warmup_frac: float = 0.01
     final_ratio: float = 0.05            # lr at the last step, as a fraction of peak
     horizon_steps: Optional[int] = None  # failure plan: a shortened horizon (≤ train.steps)
+    horizon_from_step: Optional[int] = None  # resumed run: step the new horizon took effect (lr continuous there)
 
 
 @dataclass
@@ -189,6 +197,7 @@ class TrainConfig:
     log_every: int = 1
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
     init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)
+    earlier_seq_lens: List[int] = field(default_factory=list)  # lengths of the stages before that run, oldest first
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
@@ -203,6 +212,7 @@ class RunConfig:
     name: str = "default"                # names the run directory (experiments set it)
     experiment: Optional[str] = None     # set by conf/experiment/*.yaml; names the MLflow experiment
     sweep: Optional[str] = None          # set by sweeps/*.yaml; names the MLflow parent run
+    sweep_id: Optional[str] = None       # groups a sweep's jobs under one parent; default: one per launch
     out_dir: str = "outputs"             # relative paths resolve against the project root
 
 

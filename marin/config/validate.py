@@ -64,7 +64,7 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     for name in auto_ints:
         if (msg := _auto_or(_get(cfg, name), "int")) is not None:
             problems.append((name, msg))
-    for name in ["model.init_std", "optim.lr", "optim.b2", "optim.eps"]:
+    for name in ["model.init_std", "attention.qk_mult", "optim.lr", "optim.b2", "optim.eps"]:
         if (msg := _auto_or(_get(cfg, name), "float")) is not None:
             problems.append((name, msg))
     positive_ints = ["model.d_model", "model.num_layers", "model.vocab_size", "model.num_experts",
@@ -135,6 +135,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     h = cfg.schedule.horizon_steps
     if h is not None and not 1 <= h <= t.steps:
         problems.append(("schedule.horizon_steps", f"must be in [1, train.steps={t.steps}]; got {h}"))
+    start = cfg.schedule.horizon_from_step
+    if start is not None and not 0 <= start < (h or t.steps):
+        problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
     problems += check_data(cfg)
     return problems
 

@@ -39,8 +39,22 @@ def overrides() -> list[str]:
 
 def dispatch(cfg: DictConfig) -> None:
     setup_logging()
+    job_overrides = overrides()
+    if cfg.get("resume"):  # continue a run: its own config, dir and MLflow run (marin/launch/resume.py)
+        from marin.launch.resume import resume
+
+        resume(job_overrides, dry_run=cfg.get("dry_run"), wait=bool(cfg.get("wait")), ref=str(cfg.resume))
+        return
     try:
-        composed, resolved = load(cfg)
+        if cfg.get("reproduce"):  # the saved run's config, with this command line's overrides on top
+            from marin.track.reproduce import ReproduceError, recompose
+
+            try:
+                composed, resolved, job_overrides = recompose(cfg.reproduce, job_overrides)
+            except ReproduceError as err:
+                fail(f"reproduce: {err}")
+        else:
+            composed, resolved = load(cfg)
     except ConfigError as err:
         fail("invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
     if resolved.dry_run:
@@ -51,8 +65,10 @@ def dispatch(cfg: DictConfig) -> None:
     if resolved.hardware.launcher == "slurm":
         from marin.launch.slurm import submit
 
-        submit(composed, resolved, overrides())
+        submit(composed, resolved, job_overrides)
         return
+    from marin.launch.distributed import apply_environment
     from marin.train.loop import run_local
 
-    run_local(composed, resolved, overrides())
+    apply_environment(resolved.hardware)  # XLA_FLAGS etc. before JAX starts (local_cpu8's 8 devices)
+    run_local(composed, resolved, job_overrides)

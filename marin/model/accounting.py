@@ -1,4 +1,5 @@
-"""Exact parameter and FLOP accounting from the config alone (spec §1a, §1b).
+"""Exact parameter and FLOP accounting from the config alone (spec §1a, §1b), the parameter
+tree as a table of leaves, and the memory-per-device estimate of the dry run (spec §6).
 
 Nothing here allocates or imports JAX: the 535B plan is computed in microseconds. The counts
 mirror the shapes built in `marin/model/transformer.py`; `tests/model/test_accounting.py`
@@ -140,3 +141,133 @@ def all_leaves(cfg: Config) -> int:
 def flops_per_token(cfg: Config, with_head: bool = True) -> int:
     """Training-step FLOPs are 3 × this × tokens."""
     return forward_flops_per_token(Shapes.of(cfg), cfg.train.seq_len, cfg.attention.window, with_head)
+
+
+def train_flops(cfg: Config, with_head: bool = True) -> int:
+    """Spec §1b: 3 × forward FLOPs per token × the run's tokens (steps × seq_len × global batch)."""
+    return 3 * flops_per_token(cfg, with_head) * cfg.train.steps * cfg.train.seq_len * cfg.train.global_batch
+
+
+# --- Every parameter leaf, with its optimizer group and sharding (for the memory plan) ---
+
+@dataclass(frozen=True)
+class Leaf:
+    path: str      # as in the parameter tree (docs/CONTRACTS.md)
+    size: int      # elements, all layers together
+    group: str     # optimizer group under muonh: muonh | adamh | adam
+    expert: bool   # has the E axis, so it is sharded over mesh.expert
+
+
+def leaves_of(s: Shapes) -> list[Leaf]:
+    """The parameter tree as a flat list; sums to `all_leaves_of(s)`. Groups follow spec §3:
+    MuonH on every matrix but embedding, router, head gate and head; AdamH on the head."""
+    d, L, r, K = s.d, s.L, s.r, s.conv
+    kv = s.kv_local * s.h
+
+    def gated_norm(prefix: str, times: int) -> list[Leaf]:
+        if not r:
+            return []
+        return [Leaf(f"{prefix}/down", times * d * r, "muonh", False),
+                Leaf(f"{prefix}/up", times * r * d, "muonh", False)]
+
+    leaves = [
+        Leaf("embed/embedding", s.V * d, "adam", False),
+        Leaf("embed_norm/scale", d, "adam", False), *gated_norm("embed_gated_norm", 1),
+        Leaf("layers/attn_norm/scale", L * d, "adam", False), *gated_norm("layers/attn_gated_norm", L),
+        Leaf("layers/attn/wq", L * d * s.H * s.h, "muonh", False),
+        Leaf("layers/attn/wk", L * d * kv, "muonh", False),
+        Leaf("layers/attn/wv", L * d * kv, "muonh", False),
+        Leaf("layers/attn/wo", L * s.H * s.h * d, "muonh", False),
+    ]
+    if s.output_gate:
+        leaves.append(Leaf("layers/attn/gate", L * d * s.H, "adam", False))
+    if s.conv_k and K:
+        leaves.append(Leaf("layers/attn/conv_k", L * K * kv, "adam", False))
+    if K:
+        leaves.append(Leaf("layers/attn_out_conv/kernel", L * K * d, "adam", False))
+    leaves += [
+        Leaf("layers/moe_norm/scale", L * d, "adam", False), *gated_norm("layers/moe_gated_norm", L),
+        Leaf("layers/moe/router", L * d * s.E, "adam", False),
+        Leaf("layers/moe/latent_down", L * d * s.latent, "muonh", False),
+        Leaf("layers/moe/latent_norm/scale", L * s.latent, "adam", False),
+        Leaf("layers/moe/latent_up", L * s.latent * d, "muonh", False),
+        *(Leaf(f"layers/moe/{w}", L * s.E * s.latent * s.I, "muonh", True)
+          for w in ("w_gate", "w_up", "w_down")),
+        *(Leaf(f"layers/moe/{w}", L * s.S * d * s.I_s, "muonh", False)
+          for w in ("shared_gate", "shared_up", "shared_down")),
+    ]
+    if K:
+        leaves.append(Leaf("layers/moe_out_conv/kernel", L * K * d, "adam", False))
+    leaves += [
+        Leaf("final_norm/scale", d, "adam", False), *gated_norm("final_gated_norm", 1),
+        Leaf("head/kernel", d * s.V, "adamh", False),
+    ]
+    return [leaf for leaf in leaves if leaf.size]
+
+
+# --- Memory per device (spec §6 layout), an estimate for the dry run ---
+
+GIB = 2 ** 30
+FP32 = 4
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def optimizer_moments(leaf: Leaf, optimizer: str) -> int:
+    """fp32 state tensors per parameter: AdamW keeps two moments everywhere; MuonH keeps one
+    momentum on its matrices and two Adam moments on the adam / adamh groups."""
+    if optimizer == "muonh" and leaf.group == "muonh":
+        return 1
+    return 2
+
+
+def layer_activations_per_token(s: Shapes, capacity_factor: float) -> dict[str, float]:
+    """Values one block keeps for its backward pass, per token (elements, compute dtype).
+    Attention is assumed memory-efficient (no T×T scores kept: only a log-sum-exp per head)."""
+    qkv = s.H * s.h + 2 * s.kv_local * s.h
+    slots = capacity_factor * s.k                       # dispatched copies of each token
+    return {
+        "attn_norms": 3 * s.d + s.r,                    # RMSNorm out, GatedNorm bottleneck, gate, out
+        "qkv": qkv + s.kv_local * s.h + s.H * s.h + s.kv_local * s.h,  # + conv(K), normed q and k
+        "attention": 3 * s.H * s.h + 2 * s.H,           # output, XSA, gated output; lse and gate
+        "attn_out": 2 * s.d,                            # W_o output, convolution
+        "moe_norms": 3 * s.d + s.r,
+        "router": 2 * s.E,                              # fp32 logits
+        "latent": 3 * s.latent + s.d,                   # down, normed, combined; up
+        "experts": slots * (2 * s.latent + 3 * s.I),    # dispatched in/out, gate, up, product
+        "shared": s.S * 3 * s.I_s,
+        "moe_out": 2 * s.d,                             # convolution, residual
+    }
+
+
+def memory_per_device(cfg: Config, remat: bool | None = None) -> dict[str, float]:
+    """Bytes → GiB per device of a resolved config, by part, and their total.
+
+    Layout as spec §6: expert weights are sharded over mesh.expert; every other weight and its
+    optimizer state over the rack's devices (mesh.data × mesh.expert), replicated across
+    mesh.replica_dcn. Parameters, gradients and optimizer state are fp32. Activations are per
+    micro-batch (train.micro_batch sequences): with remat only each block's input is kept, plus
+    one block recomputed at a time; without, every block's saved values. Logits are fp32, with
+    their gradient. Tensor parallelism (mesh.model) is not counted.
+    """
+    s = Shapes.of(cfg)
+    mesh = cfg.hardware.mesh
+    remat = cfg.model.remat if remat is None else remat
+    rack = int(mesh.data) * mesh.expert
+    params = moments = 0.0
+    for leaf in leaves_of(s):
+        local = leaf.size / (mesh.expert if leaf.expert else rack)
+        params += local
+        moments += local * optimizer_moments(leaf, cfg.optim.name)
+    tokens = int(cfg.train.micro_batch) * cfg.train.seq_len
+    per_layer = sum(layer_activations_per_token(s, cfg.model.capacity_factor).values())
+    saved = s.L * s.d + per_layer if remat else s.L * per_layer
+    parts = {
+        "params": params * FP32,
+        "optimizer": moments * FP32,
+        "gradients": params * FP32,
+        "activations": tokens * saved * DTYPE_BYTES[cfg.model.compute_dtype],
+        "logits": 2 * tokens * s.V * FP32,
+    }
+    gib = {name: value / GIB for name, value in parts.items()}
+    gib["total"] = sum(gib.values())
+    return gib

@@ -1,0 +1,160 @@
+"""MoE layer speed, forward + backward, as ratios measured in one run (machine noise cancels).
+
+    python benchmarks/moe_layer.py                      # CPU defaults: 4096 tokens, d 256, E16 k2
+    python benchmarks/moe_layer.py --tokens 65536 --d 2048 --latent 1024 --width 1024 \
+        --experts 64 --top-k 8 --dtype bfloat16         # a GPU-sized layer
+
+Three jitted steps are timed back to back, round after round, and compared by their medians:
+- `matmul`: an f32 N×N×N `jnp.dot` (N = --matmul, 2048), the machine's dense FLOP rate;
+- `dense`: the same layer with the routed experts replaced by one SwiGLU of width k·I (same
+  router, latent projections, norm and shared experts): a dense MLP with the same active FLOPs;
+- `moe`: the real `marin.model.moe.MoE` layer (router, dispatch, experts, combine).
+Useful FLOPs (both layers) = 3 (forward + backward) × T × [2·d·E (router) + 2·2·d·ℓ (latent
+down/up) + 2·3·ℓ·k·I (k experts) + 2·3·d·I_s·S (shared)]. Targets (spec of the dispatch work):
+moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The last column is XLA's
+compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch).
+
+Needs only jax, flax, optax and numpy (plus this repository on the path).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from marin.config.schema import Config  # noqa: E402
+from marin.model.moe import MoE  # noqa: E402
+from marin.model.norms import rms_normalize  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--d", type=int, default=256, help="model width d")
+    p.add_argument("--latent", type=int, default=256, help="latent width ℓ of the routed path")
+    p.add_argument("--width", type=int, default=512, help="expert width I")
+    p.add_argument("--experts", type=int, default=16)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--capacity-factor", type=float, default=1.25)
+    p.add_argument("--shared", type=int, default=0, help="shared experts S (width --width)")
+    p.add_argument("--dispatch", default="sort", help="sort | ragged_dot | dense, or a comma list")
+    p.add_argument("--router", default="qb", help="qb | softmax_aux | bias_update")
+    p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
+    p.add_argument("--matmul", type=int, default=2048, help="N of the paired f32 N³ matmul")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
+    return p.parse_args(argv)
+
+
+def make_cfg(a, dispatch: str) -> Config:
+    cfg = Config()
+    m, r = cfg.model, cfg.router
+    m.d_model, m.latent_dim, m.expert_width, m.shared_width = a.d, a.latent, a.width, a.width
+    m.num_experts, m.num_shared_experts, m.capacity_factor = a.experts, a.shared, a.capacity_factor
+    m.dispatch, m.compute_dtype, m.init_std = dispatch, a.dtype, 0.5 / a.d ** 0.5
+    r.kind, r.top_k = a.router, a.top_k
+    r.combine = "softmax" if a.router == "softmax_aux" else "sigmoid"
+    return cfg
+
+
+def dense_layer(params, x, a):
+    """The MoE layer's dense twin: routed experts → one SwiGLU of width k·I in the latent."""
+    dtype = jnp.dtype(a.dtype)
+    mm = lambda u, w: jnp.dot(u.astype(dtype), w.astype(dtype))  # noqa: E731
+    logits = jnp.dot(x, params["router"])                          # computed, as in the MoE
+    h = (rms_normalize(mm(x, params["latent_down"]), 1e-5) * params["scale"]).astype(dtype)
+    h = mm(jax.nn.silu(mm(h, params["gate"])) * mm(h, params["up"]), params["down"])
+    y = mm(h, params["latent_up"]).astype(jnp.float32) + 0.0 * jnp.sum(logits)
+    if a.shared:
+        hs = jax.nn.silu(jnp.einsum("td,sdi->tsi", x.astype(dtype), params["shared_gate"].astype(dtype)))
+        hs = hs * jnp.einsum("td,sdi->tsi", x.astype(dtype), params["shared_up"].astype(dtype))
+        y = y + jnp.einsum("tsi,sid->td", hs, params["shared_down"].astype(dtype)).astype(jnp.float32)
+    return y
+
+
+def dense_params(a, key):
+    shapes = {"router": (a.d, a.experts), "latent_down": (a.d, a.latent), "latent_up": (a.latent, a.d),
+              "gate": (a.latent, a.top_k * a.width), "up": (a.latent, a.top_k * a.width),
+              "down": (a.top_k * a.width, a.latent), "shared_gate": (a.shared, a.d, a.width),
+              "shared_up": (a.shared, a.d, a.width), "shared_down": (a.shared, a.width, a.d)}
+    keys = jax.random.split(key, len(shapes))
+    params = {n: 0.5 / a.d ** 0.5 * jax.random.truncated_normal(k, -3, 3, s) for (n, s), k in zip(shapes.items(), keys)}
+    params["scale"] = jnp.ones((a.latent,))
+    return params
+
+
+def useful_flops(a) -> float:
+    per_token = 2 * a.d * a.experts + 4 * a.d * a.latent + 6 * a.latent * a.top_k * a.width + 6 * a.d * a.width * a.shared
+    return 3.0 * a.tokens * per_token
+
+
+def fwd_bwd(loss):
+    """A jitted step returning the gradients w.r.t. the parameters and the input."""
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def build(a):
+    key_x, key_p, key_m = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(key_x, (a.tokens, a.d), jnp.float32)
+    steps = {}
+    n = a.matmul
+    mats = jax.random.normal(key_m, (2, n, n), jnp.float32)
+    steps["matmul"] = (jax.jit(lambda m: jnp.dot(m[0], m[1])), (mats,), 2.0 * n ** 3)
+    dp = dense_params(a, key_p)
+    steps["dense"] = (fwd_bwd(lambda p, x: jnp.sum(dense_layer(p, x, a))), (dp, x), useful_flops(a))
+    for dispatch in a.dispatch.split(","):
+        module = MoE(make_cfg(a, dispatch))
+        bias = jnp.zeros((a.experts,))
+        params = module.init(key_p, x[None], bias, train=True)
+
+        def loss(p, x, module=module, bias=bias):
+            y, stats = module.apply(p, x[None], bias, train=True)
+            return jnp.sum(y) + stats["aux_loss"]
+        steps[f"moe[{dispatch}]"] = (fwd_bwd(loss), (params, x), useful_flops(a))
+    return steps
+
+
+def compiled_flops(fn, args) -> float:
+    cost = fn.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", float("nan")))
+
+
+def time_once(fn, args) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    steps = build(a)
+    for fn, args, _ in steps.values():         # compile + warm up
+        jax.block_until_ready(fn(*args))
+    times = {name: [] for name in steps}
+    for _ in range(a.rounds):                  # interleaved, so load changes hit all alike
+        for name, (fn, args, _) in steps.items():
+            times[name].append(time_once(fn, args))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    matmul_rate = steps["matmul"][2] / med["matmul"]
+    print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}; "
+          f"T={a.tokens} d={a.d} ℓ={a.latent} I={a.width} E={a.experts} k={a.top_k} S={a.shared} "
+          f"cf={a.capacity_factor} router={a.router} dtype={a.dtype}")
+    print(f"{'step':<18}{'ms':>9}{'vs dense':>10}{'GFLOP/s':>10}{'% matmul':>10}{'XLA/useful':>12}")
+    for name, (fn, args, flops) in steps.items():
+        rate = flops / med[name]
+        ratio = "" if name == "matmul" else f"{med[name] / med['dense']:.2f}x"
+        xla = compiled_flops(fn, args) / flops
+        print(f"{name:<18}{med[name] * 1e3:>9.2f}{ratio:>10}{rate / 1e9:>10.1f}"
+              f"{100 * rate / matmul_rate:>9.0f}%{xla:>12.2f}")
+    print("targets: moe ≤ 2.00x dense, moe ≥ 35% of the matmul rate")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The step → batch function: packed rows of the mixture, a pure function of (seed, mixture, step).
+
+Row r of the global batch at step N is drawn from counter-based hashes of (seed, N, r): one picks
+the row's source by the phase's weights, another a start position in that source's token stream
+(documents back to back, each ended by the end-of-document id); the row is the next seq_len + 1
+tokens (wrapping at the end of the stream). So a run restarted at step N sees exactly the batches
+an uninterrupted run would, and process p of P computes only its rows [p·B/P, (p+1)·B/P).
+
+NumPy only (no JAX). Batch arrays: ``inputs``/``targets`` int32 [b, T], ``segment_ids`` int32
+[b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (0 where
+the target belongs to another document than the input, or is padding), and ``source_counts``
+int64 [S]: tokens each source (`Loader.source_names`) contributes to the *global* batch at this
+step (identical on every process; the loop sums them for ``data/tokens/<source>/<phase>``).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from marin.data import mixture
+from marin.data.prepare import Shard, prepare
+from marin.data.tokenizers import check_vocab, load_tokenizer
+
+log = logging.getLogger("marin.data")
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SOURCE_STREAM, POSITION_STREAM = 1, 2
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijective, well-mixed uint64 → uint64."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def row_hash(seed: int, steps, rows, stream: int) -> np.ndarray:
+    """uint64 hash of (seed, step, row, stream), broadcast over `steps` and `rows`."""
+    # Arrays throughout: NumPy wraps uint64 array arithmetic silently (scalars would warn).
+    base = _mix(np.asarray([seed & (2**64 - 1)], np.uint64) + np.asarray([stream], np.uint64) * _GOLDEN)
+    h = _mix(base + np.atleast_1d(np.asarray(steps, np.uint64)) * _GOLDEN)
+    return _mix(h + np.asarray(rows, np.uint64))
+
+
+def _unit(h: np.ndarray) -> np.ndarray:
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+class Loader:
+    """Batches of the mixture in `cfg.data` for one process; see the module docstring."""
+
+    def __init__(self, cfg, process_index: int = 0, process_count: int = 1, progress: bool = True):
+        t = cfg.train
+        self.cfg = cfg
+        self.seq_len, self.global_batch, self.seed = t.seq_len, t.global_batch, t.seed
+        if t.global_batch % process_count:
+            raise ValueError(f"train.global_batch ({t.global_batch}) must be divisible by the "
+                             f"process count ({process_count})")
+        per = t.global_batch // process_count
+        self.row_start, self.row_stop = process_index * per, (process_index + 1) * per
+
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        if msg := check_vocab(self.tokenizer, cfg.model.vocab_size, cfg.data.tokenizer):
+            raise ValueError(msg)
+        self.vocab_size = self.tokenizer.vocab_size
+
+        self.sources = mixture.sources(cfg)
+        self.source_names = [s.name for s in self.sources]
+        self.phase_names = [mixture.phase_name(cfg, p) for p in range(mixture.num_phases(cfg))]
+        self.boundaries = mixture.boundary_steps(cfg)
+        self.shards, self.eval_shards = prepare(cfg, progress=progress)
+        weights = np.asarray([s.weights for s in self.sources], np.float64).T  # [phases, S]
+        self._cdf = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
+        self._last_positive = [int(np.flatnonzero(w > 0)[-1]) for w in weights]
+        self._warn_epochs()
+        self._eval = None
+        self._seen = (0, {})  # (step, totals): tokens_seen is incremental for increasing steps
+
+    def _warn_epochs(self) -> None:
+        """The config check refuses known counts over the cap; here the prepared counts are known."""
+        available = {s.name: s.num_tokens for s in self.shards if s is not None}
+        epochs = mixture.epochs_per_source(self.cfg, available)
+        over = {n: sum(e) for n, e in epochs.items() if sum(e) > self.cfg.data.max_epochs}
+        if over:
+            log.warning("these sources repeat more than data.max_epochs=%g epochs: %s", self.cfg.data.max_epochs,
+                        ", ".join(f"{n} {e:.1f}" for n, e in over.items()))
+
+    # ----------------------------------------------------------------------------- training
+
+    def phase(self, step: int) -> int:
+        return sum(step >= b for b in self.boundaries)
+
+    def _choose_sources(self, steps: np.ndarray, phases: np.ndarray) -> np.ndarray:
+        """Source index of every global row at each step: [len(steps), B]."""
+        u = _unit(row_hash(self.seed, steps[:, None], np.arange(self.global_batch)[None, :], SOURCE_STREAM))
+        out = np.empty(u.shape, np.int64)
+        for p in np.unique(phases):
+            sel = phases == p
+            idx = np.searchsorted(self._cdf[p], u[sel], side="right")
+            out[sel] = np.minimum(idx, self._last_positive[p])  # rounding: never a zero-weight source
+        return out
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """This process's rows of the global batch at `step`."""
+        T = self.seq_len
+        src = self._choose_sources(np.asarray([step]), np.asarray([self.phase(step)]))[0]
+        rows = np.arange(self.row_start, self.row_stop)
+        mine = src[self.row_start:self.row_stop]
+        starts = row_hash(self.seed, step, rows, POSITION_STREAM)
+        window = np.empty((len(rows), T + 1), np.int64)
+        doc = np.empty((len(rows), T + 1), np.int64)
+        span = np.arange(T + 1, dtype=np.int64)
+        for s in np.unique(mine):
+            shard: Shard = self.shards[s]
+            sel = mine == s
+            n = np.uint64(shard.num_tokens)
+            idx = ((starts[sel] % n).astype(np.int64)[:, None] + span) % shard.num_tokens
+            window[sel] = shard.tokens[idx]
+            doc[sel] = np.searchsorted(shard.offsets, idx, side="right")
+        batch = _pack(window, doc, T)
+        batch["source_counts"] = np.bincount(src, minlength=len(self.sources)).astype(np.int64) * T
+        return batch
+
+    def tokens_seen(self, step: int) -> dict[str, int]:
+        """{"<source>/<phase>": tokens} over the global batches of steps [0, step).
+
+        Incremental: a call costs only the steps since the previous one (a first call at step N
+        replays N steps' source choices, vectorised; `resume_tokens_seen` skips that)."""
+        done, totals = self._seen
+        if step < done:
+            done, totals = 0, {}
+        totals = dict(totals)
+        for lo in range(done, step, 4096):
+            steps = np.arange(lo, min(step, lo + 4096))
+            phases = np.asarray([self.phase(int(s)) for s in steps])
+            src = self._choose_sources(steps, phases)
+            for p in np.unique(phases):
+                counts = np.bincount(src[phases == p].ravel(), minlength=len(self.sources)) * self.seq_len
+                for i in np.flatnonzero(counts):
+                    key = f"{self.source_names[i]}/{self.phase_names[p]}"
+                    totals[key] = totals.get(key, 0) + int(counts[i])
+        self._seen = (step, totals)
+        return dict(totals)
+
+    def resume_tokens_seen(self, step: int, totals: dict[str, int]) -> None:
+        """Start the count at `step` from totals saved earlier (e.g. in a checkpoint)."""
+        self._seen = (step, dict(totals))
+
+    # ----------------------------------------------------------------------------- evaluation
+
+    def eval_batches(self) -> dict[str, list[dict[str, np.ndarray]]]:
+        """{set: [batch, ...]}: each held-out set cut into consecutive rows, the same every call.
+
+        At most `train.eval_batches` batches of the global batch size (this process's rows); a set
+        too small for them gives fewer, the last one padded (segment id 0, loss mask 0).
+        """
+        if self._eval is None:
+            self._eval = {name: self._eval_set(shard) for name, shard in self.eval_shards.items()}
+        return self._eval
+
+    def _eval_set(self, shard: Shard) -> list[dict[str, np.ndarray]]:
+        T, B = self.seq_len, self.global_batch
+        rows_available = max(1, -(-(shard.num_tokens - 1) // T))
+        count = min(self.cfg.train.eval_batches, -(-rows_available // B))
+        batches = []
+        for b in range(max(1, count)):
+            rows = np.arange(b * B + self.row_start, b * B + self.row_stop)
+            idx = rows[:, None] * T + np.arange(T + 1)
+            valid = idx < shard.num_tokens
+            safe = np.where(valid, idx, 0)
+            window = np.where(valid, shard.tokens[safe], self.tokenizer.pad_id)
+            doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
+            batches.append(_pack(window, doc, T))
+        return batches
+
+
+def _pack(window: np.ndarray, doc: np.ndarray, T: int) -> dict[str, np.ndarray]:
+    """Model inputs from [b, T+1] token windows and their document index (-1 = padding)."""
+    new_doc = np.concatenate([np.ones_like(doc[:, :1], bool), doc[:, 1:] != doc[:, :-1]], axis=1)
+    segment = np.where(doc >= 0, np.cumsum(new_doc & (doc >= 0), axis=1), 0)
+    same_doc = (doc[:, 1:] == doc[:, :-1]) & (doc[:, :-1] >= 0)
+    return {
+        "inputs": window[:, :T].astype(np.int32),
+        "targets": window[:, 1:].astype(np.int32),
+        "segment_ids": segment[:, :T].astype(np.int32),
+        "loss_mask": same_doc.astype(np.float32),
+    }

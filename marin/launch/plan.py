@@ -1,0 +1,179 @@
+"""The dry run: what a resolved config would train, on what, at what cost, and what would be
+submitted, as a readable table or as one JSON object (`dry_run=json`, stdout only).
+
+Every number comes from `marin.config.derive` (already resolved), `marin.model.accounting` and,
+for the data epochs, `marin.data.mixture`; the Slurm request is the launcher's own. Pure Python:
+no JAX and no data or tokenizer files (only the config's cells file), so the 535B plan prints in
+about a second.
+"""
+from __future__ import annotations
+
+import json
+
+from marin.config import derive
+from marin.config.schema import Config
+from marin.model import accounting
+
+MFU_FOR_DAYS = 0.2  # the low end of the published run's 20–23% MFU (spec §6)
+DATA_ROWS = 12      # the table lists the most repeated sources; the JSON lists all
+
+
+def plan(cfg: Config) -> dict:
+    """The plan of a resolved config as plain JSON-able values."""
+    s = accounting.Shapes.of(cfg)
+    t, hw, o = cfg.train, cfg.hardware, cfg.optim
+    tokens_per_step = t.seq_len * t.global_batch
+    tokens = t.steps * tokens_per_step
+    train_flops = accounting.train_flops(cfg)
+    devices = derive.device_count(hw)
+    memory = accounting.memory_per_device(cfg)
+    out = {
+        "run": {"name": cfg.run.name, "experiment": cfg.run.experiment},
+        "model": {
+            "d_model": s.d, "num_layers": s.L, "global_layers": sum(s.global_layers),
+            "num_heads": s.H, "head_dim": s.h, "kv_heads_local": s.kv_local,
+            "kv_heads_global": s.kv_global, "window": cfg.attention.window,
+            "qk_mult": cfg.attention.qk_mult, "num_experts": s.E, "top_k": s.k,
+            "latent_dim": s.latent, "expert_width": s.I, "num_shared_experts": s.S,
+            "shared_width": s.I_s, "vocab_size": s.V, "gated_norm_rank": s.r,
+            "router": cfg.router.kind, "capacity_factor": cfg.model.capacity_factor,
+        },
+        "total_params": accounting.total_params_of(s),
+        "total_params_all_leaves": accounting.all_leaves_of(s),
+        "active_params": accounting.active_params_of(s),
+        "flops_per_token": accounting.flops_per_token(cfg),
+        "flops_per_token_no_head": accounting.flops_per_token(cfg, with_head=False),
+        "train_flops": float(train_flops),
+        "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False)),
+        "steps": t.steps,
+        "tokens": tokens,
+        "seq_len": t.seq_len,
+        "global_batch": t.global_batch,
+        "micro_batch": t.micro_batch,
+        "tokens_per_step": tokens_per_step,
+        "optimizer": o.name,
+        "lr": derive.group_lrs(cfg),
+        "b1": o.b1,
+        "b2": o.b2,
+        "eps": o.eps,
+        "warmup_steps": round(cfg.schedule.warmup_frac * t.steps),
+        "final_lr_ratio": cfg.schedule.final_ratio,
+        "hardware": hw.name,
+        "mesh": {"replica_dcn": hw.mesh.replica_dcn, "data": hw.mesh.data,
+                 "expert": hw.mesh.expert, "model": hw.mesh.model},
+        "devices": devices,
+        "remat": cfg.model.remat,
+        "memory_per_device_gib": memory["total"],
+        "memory_parts_gib": {k: v for k, v in memory.items() if k != "total"},
+    }
+    if t.init_from is not None or t.init_seq_len is not None:
+        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg)}
+    if hw.peak_flops_per_device > 0:
+        out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
+    if hw.launcher == "slurm":
+        out["submission"] = submission(cfg)
+    epochs = data_epochs(cfg)
+    if epochs is not None:
+        out["data"] = epochs
+        out["data_phases"] = list(cfg.data.phase_names)
+    return out
+
+
+def submission(cfg: Config) -> dict:
+    """What a Slurm launch would request: the launcher's own submitit parameters (so the plan
+    cannot drift from the submission), plus the totals."""
+    from marin.launch.slurm import slurm_parameters  # submitit, no JAX
+
+    hw = cfg.hardware
+    return {**slurm_parameters(cfg), "gpus_per_node": hw.gpus_per_node,
+            "tasks": hw.nodes * hw.tasks_per_node, "max_requeues": hw.max_requeues}
+
+
+def data_epochs(cfg: Config) -> dict | None:
+    """{source: [epochs in each phase]} over the run, if the mixture module offers them (from
+    the configured token counts only: the dry run reads no data)."""
+    from marin.data import mixture
+
+    epochs_per_source = getattr(mixture, "epochs_per_source", None)
+    return None if epochs_per_source is None else epochs_per_source(cfg)
+
+
+# --- The readable table ---
+
+def _count(n: int) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3f}{unit}  ({n:,})"
+    return f"{n:,}"
+
+
+def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
+    m = p["model"]
+    sections = [
+        (f"run {p['run']['name']}" + (f"  (experiment {p['run']['experiment']})" if p["run"]["experiment"] else ""), []),
+        ("model", [
+            ("width × layers", f"{m['d_model']} × {m['num_layers']}  ({m['global_layers']} global, window {m['window']})"),
+            ("attention", f"{m['num_heads']} heads × {m['head_dim']}, KV {m['kv_heads_local']} local / "
+                          f"{m['kv_heads_global']} global, qk_mult {m['qk_mult']:.4f}"),
+            ("experts", f"{m['num_experts']} top-{m['top_k']} ({m['router']}, capacity {m['capacity_factor']}), "
+                        f"latent {m['latent_dim']}, width {m['expert_width']}"),
+            ("shared experts", f"{m['num_shared_experts']} × width {m['shared_width']}"),
+            ("vocabulary", f"{m['vocab_size']:,}  (GatedNorm rank {m['gated_norm_rank']})"),
+        ]),
+        ("size and compute", [
+            ("total params (matrices)", _count(p["total_params"])),
+            ("total params (all leaves)", _count(p["total_params_all_leaves"])),
+            ("active params", _count(p["active_params"])),
+            ("FLOPs / token (fwd)", f"{p['flops_per_token']:.4e}  (no head {p['flops_per_token_no_head']:.4e})"),
+            ("train FLOPs", f"{p['train_flops']:.4e}  (no head {p['train_flops_no_head']:.4e})"),
+        ] + ([("days at 20% MFU", f"{p['days_at_20pct_mfu']:.1f}")] if "days_at_20pct_mfu" in p else [])),
+        ("schedule", [
+            ("steps", f"{p['steps']:,}  (warmup {p['warmup_steps']:,}, final lr × {p['final_lr_ratio']})"),
+            ("tokens", _count(p["tokens"])),
+            ("seq_len × global batch", f"{p['seq_len']:,} × {p['global_batch']:,} = {p['tokens_per_step']:,} tokens/step"),
+            ("micro batch / device", f"{p['micro_batch']}"),
+            ("optimizer", f"{p['optimizer']}: " + ", ".join(f"lr[{g}] {v:.4e}" for g, v in p["lr"].items())),
+            ("b1, b2, eps", f"{p['b1']}, {p['b2']:.6g}, {p['eps']:.4e}"),
+        ]),
+        ("layout", [
+            ("hardware", p["hardware"]),
+            ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {'on' if p['remat'] else 'off'}; estimate)"),
+        ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]),
+    ]
+    if "init" in p:
+        sections.append(("context extension", [
+            ("init from", str(p["init"]["from"])),
+            ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
+            ("note", "run totals above assume this seq_len from step 0; the stage resumes mid-run"),
+        ]))
+    if p.get("data"):
+        most = sorted(p["data"].items(), key=lambda kv: (-max(kv[1], default=0.0), kv[0]))
+        rows = [(name, " / ".join(f"{e:.3f}" for e in epochs)) for name, epochs in most[:DATA_ROWS]]
+        if len(most) > DATA_ROWS:
+            rows.append(("…", f"{len(most) - DATA_ROWS} more (dry_run=json lists all)"))
+        phases = " / ".join(p["data_phases"])
+        sections.append((f"data: epochs per source in {phases} (most repeated first)", rows))
+    return sections
+
+
+def format_plan(p: dict) -> str:
+    sections = _rows(p)
+    width = max(len(k) for _, rows in sections for k, _ in rows)
+    lines = []
+    for title, rows in sections:
+        lines.append(title)
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def print_plan(cfg: Config, as_json: bool = False) -> None:
+    p = plan(cfg)
+    if as_json:
+        print(json.dumps(p, indent=2))
+        return
+    print(format_plan(p))
+    if "submission" in p:
+        from marin.launch.slurm import describe  # the launcher's own summary of the request
+
+        print(describe(cfg))

@@ -1,0 +1,135 @@
+"""`python launch.py resume=<run directory or MLflow run id> [overrides]`: continue a stopped or
+crashed run — in the same directory and MLflow run, from its newest complete checkpoint, here
+or on Slurm as its (possibly new) hardware says.
+
+The config is the run's own, recomposed with the overrides of every earlier resume and of this
+command line (`marin.track.reproduce.recompose`). Overrides usually shorten the horizon
+(`schedule.horizon_steps`, the failure plan) or move the run to other hardware. MLflow params
+are immutable, so a change is recorded as a tag (`resume_<n>`) and a new config artifact
+(`record/resolved.resume-<n>.yaml`, also kept in the run directory); record.json lists resumes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from omegaconf import OmegaConf
+
+from marin.track.record import flatten
+
+log = logging.getLogger("marin.resume")
+
+IGNORED = ("resume", "reproduce", "dry_run", "wait", "tracking.uri")   # not changes of the run
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _last_per_key(overrides: list[str]) -> list[str]:
+    """Later overrides of a key replace earlier ones (Hydra refuses a key given twice)."""
+    out: dict[str, str] = {}
+    for o in overrides:
+        out.pop(_key(o), None)
+        out[_key(o)] = o
+    return list(out.values())
+
+
+def changes_between(old: dict, new: dict) -> dict[str, list]:
+    """{dotted key: [old, new]} of the resolved configs, bookkeeping keys left out."""
+    a, b = flatten(old), flatten(new)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and k not in IGNORED}
+
+
+def _describe(changes: dict) -> str:
+    return "; ".join(f"{k}: {v[0]} → {v[1]}" for k, v in changes.items())
+
+
+def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
+    from marin.launch.entry import fail
+    from marin.track import backend, record
+    from marin.track.reproduce import ReproduceError, recompose, _lookup_uri, _out_dir
+    from marin.train.checkpoint import checkpoint_dir
+
+    new = [o for o in command_overrides if _key(o) != "resume"]
+    ref = ref or next(o.split("=", 1)[1] for o in command_overrides if _key(o) == "resume")
+    try:
+        source = record.open(ref, tracking_uri=_lookup_uri(new), out_dir=_out_dir(new))
+    except record.RecordError as err:
+        fail(f"resume: {err}")
+    earlier = source.info().get("resumes") or []
+    carried = _last_per_key([o for r in earlier for o in r.get("overrides", [])] + new)
+    try:
+        composed, resolved, _ = recompose(str(source.run_dir), carried)
+    except ReproduceError as err:
+        fail(f"resume: {err}")
+    for cfg in (composed, resolved):  # a continuation, not a reproduction
+        cfg.reproduce = None
+        cfg.tracking.uri = source.tracking_uri
+    base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
+    previous = record.config_dict(OmegaConf.load(source.run_dir / base))
+    changes = changes_between(previous, record.config_dict(resolved))
+    steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())
+    print(f"resuming run {source.run_id} in {source.run_dir}\n  newest checkpoint: "
+          f"{('step ' + str(steps[-1])) if steps else 'none (starts from step 0)'}"
+          + (f"\n  changes: {_describe(changes)}" if changes else ""), flush=True)
+    if dry_run:
+        from marin.launch.plan import print_plan
+
+        print_plan(resolved, as_json=dry_run == "json")
+        return
+
+    rec = record.RunRecord(source.run_dir, source.run_id, source.tracking_uri, source.experiment_name)
+    slurm = resolved.hardware.launcher == "slurm"
+    if slurm:
+        from marin.launch import slurm as slurm_launch
+
+        if (job := slurm_launch.active_job(rec)) is not None:
+            fail(f"resume: run {rec.run_id} is still queued or running as Slurm job {job}; scancel it first")
+        from marin.launch.distributed import check_gpu_install
+
+        if (problem := check_gpu_install(resolved.hardware)) is not None:
+            fail(problem)
+    try:
+        backend.check_reachable(rec.tracking_uri)
+    except backend.TrackingUnavailable as err:
+        fail(f"resume: {err}")
+    _note_resume(rec, earlier, new, changes, composed, resolved)
+
+    if slurm:
+        job = slurm_launch.submit_record(composed, resolved, rec)
+        if wait:
+            code = slurm_launch.follow(job)
+            if code:
+                sys.exit(code)
+        return
+    from marin.launch.distributed import apply_environment
+    from marin.train.loop import train
+
+    apply_environment(resolved.hardware)
+    train(resolved, rec)
+
+
+def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved) -> None:
+    """record.json's resume list; with changes, the new config beside the old and in MLflow."""
+    from marin.track import backend, record
+
+    n = len(earlier) + 1
+    entry = {"n": n, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides, "changes": changes}
+    client = backend.client(rec.tracking_uri)
+    if changes:
+        names = {"composed": f"composed.resume-{n}.yaml", "resolved": f"resolved.resume-{n}.yaml"}
+        for which, cfg in (("composed", composed), ("resolved", resolved)):
+            path = rec.run_dir / names[which]
+            path.write_text(record.to_yaml(backend.redact(record.config_dict(cfg))))
+            client.log_artifact(rec.run_id, str(path), artifact_path="record")
+        entry.update(names)
+        client.set_tag(rec.run_id, f"resume_{n}", record._tag_value(_describe(changes)))  # noqa: SLF001
+        if "schedule.horizon_steps" in changes or "train.steps" in changes:
+            client.set_tag(rec.run_id, "horizon_steps", str(resolved.schedule.horizon_steps or resolved.train.steps))
+        log.info("resume %d changes %s", n, _describe(changes))
+    client.set_tag(rec.run_id, "resumes", str(n))
+    record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

@@ -1,0 +1,132 @@
+"""Mochi attention (spec §2): grouped-query attention with local (sliding-window) and global layers.
+
+One module serves both kinds, because every layer runs in the same `nn.scan`: `is_global` is a
+traced boolean, and the differences are selected arithmetically, never by Python branches.
+
+    local layer                          global layer
+    keys t-window+1 .. t                 keys 0 .. t (full causal)
+    RoPE on the first rope_fraction      no position encoding (NoPE), unless rope_on_global
+      of each head's dims
+    all kv_heads_local stored KV heads   only the first kv_heads_global of them
+
+Both: documents never see each other and nothing attends to padding (segment 0); q and k are
+RMS-normalised per head without a gain, queries × qk_mult, then the usual 1/√h softmax scale;
+exclusive self-attention (XSA) removes from each head's output its component along the
+position's own value vector; a per-head output gate 2·sigmoid(x·W_gate) starts at 1.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from marin.config.schema import Config
+from marin.model.conv import causal_conv, identity_kernel_init
+from marin.model.norms import matmul, matrix_init, rms_normalize
+
+XSA_EPS = 1e-6  # keeps the projection finite where a value vector is zero
+
+
+def kv_head_index(num_heads: int, kv_local: int, kv_global: int, is_global: jax.Array) -> jax.Array:
+    """[H] stored KV head read by each query head: query head q reads q // (H / kv) with
+    kv = kv_global on global layers (so only the first kv_global heads are used), kv_local else."""
+    heads = jnp.arange(num_heads)
+    local = heads // (num_heads // kv_local)
+    global_ = heads // (num_heads // kv_global)
+    return jnp.where(is_global, global_, local)
+
+
+def attention_mask(segment_ids: jax.Array, is_global: jax.Array, window: int) -> jax.Array:
+    """[B, T, T] boolean, True where query t may read key s.
+
+    Causal, same document, key not padding, and on local layers t - s < window. Every position
+    may also read itself, so a padding query's row is never empty (its output is never used).
+    """
+    positions = jnp.arange(segment_ids.shape[1])
+    distance = positions[:, None] - positions[None, :]
+    causal = distance >= 0
+    in_window = jnp.logical_or(is_global, distance < window)
+    same_doc = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real_key = (segment_ids != 0)[:, None, :]
+    allowed = causal & in_window & same_doc & real_key
+    return allowed | (distance == 0)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, rotary_dims: int, theta: float) -> jax.Array:
+    """Rotate the first `rotary_dims` dims of each head of x [B, T, H, h] (rotate-half pairing:
+    dim i with dim i + rotary_dims/2); the remaining dims pass through unchanged."""
+    if rotary_dims == 0:
+        return x
+    half = rotary_dims // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq          # [T, half]
+    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]  # broadcast over heads
+    x1, x2, rest = x[..., :half], x[..., half:rotary_dims], x[..., rotary_dims:]
+    rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    return jnp.concatenate(rotated + [rest], axis=-1).astype(x.dtype)
+
+
+def exclude_self_value(out: jax.Array, v_self: jax.Array) -> jax.Array:
+    """XSA: out − (out·v / v·v) v per head, with v the position's own value vector [B, T, H, h]."""
+    v_self = v_self.astype(jnp.float32)
+    coeff = jnp.sum(out * v_self, axis=-1, keepdims=True)
+    coeff = coeff / (jnp.sum(jnp.square(v_self), axis=-1, keepdims=True) + XSA_EPS)
+    return out - coeff * v_self
+
+
+class Attention(nn.Module):
+    """Params: wq [d, H·h], wk/wv [d, KV·h] (KV = kv_heads_local), wo [H·h, d],
+    gate [d, H] (zero init; if output_gate), conv_k [K, KV·h] (identity init; if conv_k and K > 0)."""
+    cfg: Config
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, segment_ids: jax.Array, is_global: jax.Array) -> jax.Array:
+        a, m = self.cfg.attention, self.cfg.model
+        batch, seq, d = x.shape
+        heads, kv, h = a.num_heads, a.kv_heads_local, a.head_dim
+        init = matrix_init(m.init_std)
+        wq = self.param("wq", init, (d, heads * h), jnp.float32)
+        wk = self.param("wk", init, (d, kv * h), jnp.float32)
+        wv = self.param("wv", init, (d, kv * h), jnp.float32)
+        wo = self.param("wo", init, (heads * h, d), jnp.float32)
+
+        q = matmul(x, wq, self.dtype).reshape(batch, seq, heads, h)
+        k = matmul(x, wk, self.dtype)
+        if a.conv_k and m.conv_kernel > 0:
+            conv_k = self.param("conv_k", identity_kernel_init, (m.conv_kernel, kv * h), jnp.float32)
+            k = causal_conv(k, conv_k, segment_ids)
+        k = k.reshape(batch, seq, kv, h)
+        v = matmul(x, wv, self.dtype).reshape(batch, seq, kv, h)
+
+        # Expand the stored KV heads to one per query head (GQA), per the layer's kind.
+        kv_index = kv_head_index(heads, kv, a.kv_heads_global, is_global)
+        k = jnp.take(k, kv_index, axis=2)
+        v = jnp.take(v, kv_index, axis=2)
+
+        if a.qk_norm:
+            q, k = rms_normalize(q, m.norm_eps), rms_normalize(k, m.norm_eps)
+        q = q * a.qk_mult
+        use_rope = jnp.logical_or(a.rope_on_global, jnp.logical_not(is_global))
+        positions = jnp.arange(seq)
+        rotary_dims = int(h * a.rope_fraction)
+        q = jnp.where(use_rope, apply_rope(q, positions, rotary_dims, a.rope_theta), q)
+        k = jnp.where(use_rope, apply_rope(k, positions, rotary_dims, a.rope_theta), k)
+
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(self.dtype), k.astype(self.dtype),
+                            preferred_element_type=jnp.float32) / math.sqrt(h)
+        mask = attention_mask(segment_ids, is_global, a.window)[:, None]  # broadcast over heads
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v.astype(self.dtype),
+                         preferred_element_type=jnp.float32)
+
+        if a.xsa:
+            out = exclude_self_value(out, v)
+        if a.output_gate:
+            w_gate = self.param("gate", nn.initializers.zeros, (d, heads), jnp.float32)
+            gate = 2.0 * jax.nn.sigmoid(matmul(x, w_gate, self.dtype, jnp.float32))
+            out = out * gate[..., None]
+        return matmul(out.reshape(batch, seq, heads * h), wo, self.dtype)

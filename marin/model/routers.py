@@ -1,0 +1,137 @@
+"""Token → expert routing (`conf/router/`): QB, softmax with an auxiliary loss, and bias_update.
+
+`route(logits, bias, cfg)` picks k experts per token and their combine weights; the per-expert
+bias comes from the router state, which lives in the train state as [L, E] and is advanced
+once per step from the layer stats (`next_router_state`). The bias only re-ranks experts:
+it never receives gradients, and combine weights always come from the unbiased logits.
+
+Inside `shard_map` (expert parallelism) each device routes its own tokens; statistics that the
+spec defines over the global batch (QB's quantile, the load, the aux loss) are reduced over
+`axis_names`, the mesh axes the tokens are split over.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+Axes = Sequence[str]
+
+
+def _psum(x, axis_names: Axes):
+    return jax.lax.psum(x, tuple(axis_names)) if axis_names else x
+
+
+def combine_weights(chosen_logits, cfg):
+    """Weights of the k chosen experts [T,k] from their unbiased logits (fp32).
+
+    sigmoid: rescaled so each token's weights sum to `router.combine_sum` (spec QB step 3);
+    softmax: the softmax probabilities of the chosen experts, renormalised over them.
+    """
+    if cfg.router.combine == "softmax":
+        return jax.nn.softmax(chosen_logits, axis=-1)
+    gates = jax.nn.sigmoid(chosen_logits)
+    return gates * (cfg.router.combine_sum / jnp.sum(gates, axis=-1, keepdims=True))
+
+
+def expert_load(expert_idx, num_experts: int, axis_names: Axes = ()):
+    """Fraction of all assignments that go to each expert [E], before any capacity drop."""
+    counts = jnp.zeros((num_experts,), jnp.float32).at[expert_idx.reshape(-1)].add(1.0)
+    total = _psum(jnp.float32(expert_idx.size), axis_names)
+    return _psum(counts, axis_names) / total
+
+
+def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
+    """Per-column q-quantile of `values` [T,E] over the (global) batch, from a histogram.
+
+    As the published run does it: one range, the global min/max of all values; `bins` equal
+    bins; counts summed across devices; linear interpolation inside the bin where the
+    cumulative count crosses q·N. Within one bin width of the smallest value with at least q·N
+    values at or below it (numpy's `inverted_cdf`), so (1 − q)·N values lie above. Counts are int32 so that a global
+    batch beyond 2^24 tokens still counts exactly.
+    """
+    values = jax.lax.stop_gradient(values.astype(jnp.float32))
+    tokens, experts = values.shape
+    lo, hi = jnp.min(values), jnp.max(values)
+    if axis_names:
+        lo, hi = jax.lax.pmin(lo, tuple(axis_names)), jax.lax.pmax(hi, tuple(axis_names))
+    width = jnp.maximum(hi - lo, 1e-12) / bins
+    bin_idx = jnp.clip(jnp.floor((values - lo) / width), 0, bins - 1).astype(jnp.int32)
+    flat = (bin_idx + jnp.arange(experts, dtype=jnp.int32) * bins).reshape(-1)
+    counts = jnp.zeros((experts * bins,), jnp.int32).at[flat].add(1).reshape(experts, bins)
+    counts = _psum(counts, axis_names)
+    n = _psum(jnp.int32(tokens), axis_names)
+    target = q * n.astype(jnp.float32)                       # values below the quantile
+    cdf = jnp.cumsum(counts, axis=1)
+    crossing = jnp.argmax(cdf.astype(jnp.float32) >= target, axis=1)  # first bin reaching it
+    in_bin = jnp.take_along_axis(counts, crossing[:, None], axis=1)[:, 0].astype(jnp.float32)
+    below = jnp.take_along_axis(cdf, crossing[:, None], axis=1)[:, 0].astype(jnp.float32) - in_bin
+    frac = jnp.clip((target - below) / jnp.maximum(in_bin, 1.0), 0.0, 1.0)
+    return lo + width * (crossing.astype(jnp.float32) + frac)
+
+
+def route(logits, bias, cfg, *, axis_names: Axes = ()):
+    """Choose experts: (expert_idx int32 [T,k], weights f32 [T,k], stats).
+
+    logits [T,E] fp32 (x·W_router), bias [E] from `router_bias`. stats = {beta [E] (QB's
+    quantile estimate, zeros otherwise), load [E], aux_loss []}.
+    """
+    kind, k = cfg.router.kind, cfg.router.top_k
+    logits = logits.astype(jnp.float32)
+    num_experts = logits.shape[-1]
+    beta = jnp.zeros((num_experts,), jnp.float32)
+    aux_loss = jnp.float32(0.0)
+    if kind == "softmax_aux":
+        _, expert_idx = jax.lax.top_k(logits, k)
+    else:  # qb and bias_update select on biased logits
+        biased = logits + jax.lax.stop_gradient(bias.astype(jnp.float32))
+        if kind == "qb":
+            top_vals, top_idx = jax.lax.top_k(biased, k + 1)
+            expert_idx = top_idx[:, :k]
+            threshold = top_vals[:, k]                       # α: the (k+1)-th biased value
+            margins = logits - threshold[:, None]            # m = s − α
+            beta = histogram_quantile(margins, 1.0 - k / num_experts, cfg.router.qb_bins, axis_names)
+        elif kind == "bias_update":
+            _, expert_idx = jax.lax.top_k(biased, k)
+        else:
+            raise ValueError(f"unknown router.kind {kind!r}")
+    chosen = jnp.take_along_axis(logits, expert_idx, axis=1)
+    weights = combine_weights(chosen, cfg)
+    load = expert_load(expert_idx, num_experts, axis_names)
+    if kind == "softmax_aux":
+        # Switch Transformer: E · Σ_e f_e · P_e, f = assignment fraction (no gradient), P = mean prob.
+        probs = jax.nn.softmax(logits, axis=-1)
+        mean_prob = _psum(jnp.sum(probs, axis=0), axis_names) / _psum(jnp.float32(logits.shape[0]), axis_names)
+        aux_loss = cfg.router.aux_loss_weight * num_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
+    return expert_idx.astype(jnp.int32), weights, {"beta": beta, "load": load, "aux_loss": aux_loss}
+
+
+# --- router state: [L, E] in the train state, advanced once per step ---------------------------
+
+def init_router_state(cfg):
+    """Zeros [L, E]: QB's pending betas, or bias_update's bias."""
+    return jnp.zeros((cfg.model.num_layers, cfg.model.num_experts), jnp.float32)
+
+
+def router_bias(state, cfg):
+    """The bias [L, E] the layers add to their logits this step."""
+    kind = cfg.router.kind
+    if kind == "qb":
+        # b = −β shifted to zero mean over the experts of each layer (a shift does not re-rank).
+        return -(state - jnp.mean(state, axis=-1, keepdims=True))
+    if kind == "bias_update":
+        return state
+    return jnp.zeros_like(state)
+
+
+def next_router_state(state, stats, cfg):
+    """The state for the next step from this step's per-layer stats (beta/load [L, E])."""
+    kind = cfg.router.kind
+    if kind == "qb":
+        return jnp.asarray(stats["beta"], jnp.float32)       # replaces, never accumulates
+    if kind == "bias_update":
+        load = jnp.asarray(stats["load"], jnp.float32)
+        nudged = state + cfg.router.bias_update_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
+        return nudged - jnp.mean(nudged, axis=-1, keepdims=True)
+    return state

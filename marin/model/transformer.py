@@ -1,0 +1,159 @@
+"""The Mochi MoE transformer (spec §2), top to bottom.
+
+    tokens → embed → RMSNorm → GatedNorm
+           → L × Block (one nn.scan over stacked parameters):
+                 x += conv(attention(GatedNorm(RMSNorm(x))))
+                 x += conv(MoE(GatedNorm(RMSNorm(x))))
+           → RMSNorm → GatedNorm → head (untied) → logits
+
+Layers differ only in data: each scan step receives its `is_global` flag and its router bias
+row, so compile time does not grow with depth. Parameters are float32 masters; matmuls run in
+`model.compute_dtype`; norms, softmax, logits and the loss stay float32. The residual stream is
+float32.
+
+Public API (docs/CONTRACTS.md "Model API"): `init_params`, `param_shapes`, `forward`, `loss_fn`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from marin.config.derive import layer_is_global
+from marin.config.schema import Config
+from marin.model.attention import Attention
+from marin.model.conv import CausalConv
+from marin.model.moe import MoE
+from marin.model.norms import GatedNorm, RMSNorm, matmul, matrix_init
+
+# Sequence length of the dummy batch that traces the parameters (their shapes do not depend on it).
+INIT_SEQ_LEN = 8
+
+
+def compute_dtype(cfg: Config) -> jnp.dtype:
+    return jnp.dtype(cfg.model.compute_dtype)
+
+
+def norm_site(cfg: Config, name: str):
+    """The two modules of one norm site, named `<name>_norm` and `<name>_gated_norm`."""
+    m = cfg.model
+    rms = RMSNorm(m.norm_eps, name=f"{name}_norm")
+    gated = GatedNorm(m.gated_norm_rank, m.init_std, compute_dtype(cfg), name=f"{name}_gated_norm")
+    return lambda x: gated(rms(x))
+
+
+class Block(nn.Module):
+    """One pre-norm residual layer: attention branch, then MoE branch, each closed by a conv."""
+    cfg: Config
+    train: bool
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array, layer_inputs: tuple[jax.Array, jax.Array], segment_ids: jax.Array):
+        is_global, router_bias = layer_inputs
+        taps = self.cfg.model.conv_kernel
+
+        h = norm_site(self.cfg, "attn")(x)
+        h = Attention(self.cfg, compute_dtype(self.cfg), name="attn")(h, segment_ids, is_global)
+        x = x + CausalConv(taps, name="attn_out_conv")(h, segment_ids).astype(jnp.float32)
+
+        h = norm_site(self.cfg, "moe")(x)
+        h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh)
+        x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(jnp.float32)
+        return x, stats
+
+
+class Head(nn.Module):
+    """Untied output projection `kernel` [d, V]; logits come out float32."""
+    vocab_size: int
+    init_std: float
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param("kernel", matrix_init(self.init_std), (x.shape[-1], self.vocab_size), jnp.float32)
+        return matmul(x, kernel, self.dtype, jnp.float32)
+
+
+class Transformer(nn.Module):
+    cfg: Config
+    train: bool
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array, segment_ids: jax.Array, router_bias: jax.Array):
+        m, a = self.cfg.model, self.cfg.attention
+        x = nn.Embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
+        x = norm_site(self.cfg, "embed")(x)
+
+        block = nn.remat(Block, prevent_cse=False) if m.remat else Block
+        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=(0, nn.broadcast), length=m.num_layers)
+        is_global = jnp.array(layer_is_global(m.num_layers, a.global_every, a.last_layer_global))
+        x, stats = layers(self.cfg, self.train, self.mesh, name="layers")(
+            x, (is_global, router_bias), segment_ids)
+
+        x = norm_site(self.cfg, "final")(x)
+        logits = Head(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
+        return logits, stats
+
+
+def _dummy_inputs(cfg: Config):
+    tokens = jnp.zeros((1, INIT_SEQ_LEN), jnp.int32)
+    router_bias = jnp.zeros((cfg.model.num_layers, cfg.model.num_experts), jnp.float32)
+    return tokens, jnp.ones_like(tokens), router_bias
+
+
+def init_params(cfg: Config, key: jax.Array):
+    """Float32 parameter pytree (tree and names: docs/CONTRACTS.md)."""
+    def init(key):
+        return Transformer(cfg, train=False).init({"params": key}, *_dummy_inputs(cfg))["params"]
+    return jax.jit(init)(key)
+
+
+def param_shapes(cfg: Config):
+    """The parameter pytree as jax.ShapeDtypeStruct leaves, allocating nothing."""
+    return jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
+
+
+def forward(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: bool, mesh=None):
+    """(logits [B, T, V] float32, aux) with aux["router"] the per-layer MoE stats stacked [L, ...]."""
+    logits, stats = Transformer(cfg, train=train, mesh=mesh).apply(
+        {"params": params}, batch["inputs"], batch["segment_ids"], router_bias)
+    return logits, {"router": stats}
+
+
+def load_spread(load: jax.Array) -> jax.Array:
+    """Mean over layers of (max − min expert load) / mean expert load: 0 when perfectly balanced,
+    E (the expert count) when one expert takes every assignment."""
+    mean = jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
+    return jnp.mean((jnp.max(load, axis=-1) - jnp.min(load, axis=-1)) / mean)
+
+
+def loss_fn(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: bool, mesh=None):
+    """(loss, metrics). loss = ce + z_loss + aux_loss, where over the tokens with loss_mask:
+    ce = mean next-token cross-entropy, z_loss = model.z_loss · mean(logsumexp²), and aux_loss is
+    the MoE auxiliary loss summed over layers (zero except for the softmax_aux router).
+    The metrics report each term as it enters the loss, so they add up to "loss"."""
+    logits, aux = forward(params, batch, router_bias, cfg, train=train, mesh=mesh)
+    stats = aux["router"]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    tokens = jnp.maximum(jnp.sum(mask), 1.0)
+
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
+    ce = jnp.sum((lse - target_logit) * mask) / tokens
+    z_loss = cfg.model.z_loss * jnp.sum(jnp.square(lse) * mask) / tokens
+    aux_loss = jnp.sum(stats["aux_loss"])
+    loss = ce + z_loss + aux_loss
+
+    metrics = {
+        "loss": loss, "ce": ce, "z_loss": z_loss, "aux_loss": aux_loss,
+        "dropped_frac": jnp.mean(stats["dropped_frac"]),
+        "load_spread": load_spread(stats["load"]),
+        "tokens": jnp.sum(mask),
+        "router": stats,
+    }
+    return loss, metrics

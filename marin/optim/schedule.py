@@ -1,0 +1,75 @@
+"""Learning-rate schedule `warmup_linear` (spec §3, failure plan §7).
+
+The multiplier of the peak lr is a pure function of the step and the resolved config — a
+piecewise-linear curve through a few breakpoints — so a resumed run recomputes the same values
+and a changed horizon needs no schedule state:
+
+    (0, 1/W) … (W−1, 1)                 linear warmup over W = max(1, round(warmup_frac·steps))
+    (W−1, 1) … (H−1, final_ratio)       linear decay; H = schedule.horizon_steps or train.steps
+
+The first step already moves (lr(0) = peak/W rather than 0). Past H−1 the lr stays at
+final_ratio·peak.
+
+Shortening the horizon mid-run (the failure plan): with `schedule.horizon_from_step = s0` the
+curve follows the original plan (decay to step train.steps−1) up to s0 and from there decays
+linearly to final_ratio at the new last step H−1, so the lr is continuous at s0. Without it the
+whole decay is laid out for H, as if H had been planned from the start (right for a fresh run;
+for a resumed one the lr would drop at the resume step). Only one shortening is expressible: a
+second one would need the history of horizons.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from marin.config.derive import group_lrs
+from marin.config.schema import Config
+
+
+def warmup_steps(cfg: Config) -> int:
+    return max(1, round(cfg.schedule.warmup_frac * cfg.train.steps))
+
+
+def breakpoints(cfg: Config) -> tuple[list[float], list[float]]:
+    """(steps, multipliers) of the piecewise-linear schedule, steps strictly increasing."""
+    s, steps = cfg.schedule, cfg.train.steps
+    if s.name != "warmup_linear":
+        raise ValueError(f"unknown schedule.name {s.name!r}")
+    warmup = warmup_steps(cfg)
+    peak_step = warmup - 1
+    xs, ys = ([0.0], [1.0 / warmup]) if warmup > 1 else ([], [])
+    xs.append(float(peak_step))
+    ys.append(1.0)
+
+    last = (s.horizon_steps or steps) - 1
+    start = s.horizon_from_step
+    if start is not None and start > peak_step:
+        if not start < last:
+            raise ValueError(f"schedule.horizon_from_step must be < horizon_steps − 1 ({last}); got {start}")
+        planned_last = steps - 1  # the original plan, followed until the horizon changed
+        ys.append(float(np.interp(start, [peak_step, planned_last], [1.0, s.final_ratio])))
+        xs.append(float(start))
+    if last > xs[-1]:  # a run shorter than its warmup just stays at peak
+        xs.append(float(last))
+        ys.append(s.final_ratio)
+    return xs, ys
+
+
+def lr_multiplier(cfg: Config):
+    """step (int or traced array) -> fraction of peak; jit-safe, usable as an optax schedule."""
+    import jax.numpy as jnp
+
+    xs, ys = breakpoints(cfg)
+    xs_arr, ys_arr = jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32)
+    return lambda step: jnp.interp(jnp.asarray(step, jnp.float32), xs_arr, ys_arr)
+
+
+def lr_schedule(cfg: Config, peak: float):
+    """An optax schedule: peak × the multiplier at the optimizer's update count (= train step)."""
+    multiplier = lr_multiplier(cfg)
+    return lambda count: peak * multiplier(count)
+
+
+def lr_at(cfg: Config, step: int) -> dict[str, float]:
+    """{group: lr} applied at `step` (for logging; plain NumPy, no device work)."""
+    scale = float(np.interp(step, *breakpoints(cfg)))
+    return {group: peak * scale for group, peak in group_lrs(cfg).items()}

@@ -1,0 +1,127 @@
+"""What the tracking modules share: where the MLflow store is, a client for it, its experiments,
+and keeping secrets out of everything that is logged."""
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from marin.config.schema import Config
+from marin.config.store import PROJECT_ROOT
+
+# Whole name components (HF_TOKEN, apiKey, db.password), so tokens_per_active_param is not one.
+SECRET_WORDS = {"token", "key", "apikey", "password", "passwd", "pwd", "secret", "credential",
+                "credentials", "auth"}
+REDACTED = "<redacted>"
+
+
+class TrackingUnavailable(ConnectionError):
+    """The tracking store cannot take the run (no answer, or sqlite for parallel jobs); raised
+    before anything is written."""
+
+
+def out_dir(cfg: Config) -> Path:
+    """`run.out_dir`, absolute: relative paths resolve against the project root, not the cwd."""
+    path = Path(cfg.run.out_dir).expanduser()
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+def tracking_uri(cfg: Config) -> str:
+    """tracking.uri, else $MLFLOW_TRACKING_URI, else a sqlite store under the output folder."""
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return "sqlite:///" + str(out_dir(cfg) / "mlflow" / "mlflow.db")
+
+
+def experiment_name(cfg: Config) -> str:
+    return cfg.tracking.experiment or cfg.run.experiment or "default"
+
+
+def is_sqlite(uri: str) -> bool:
+    return uri.startswith("sqlite:")
+
+
+def sqlite_path(uri: str) -> Path:
+    return Path(uri.split(":///", 1)[1])
+
+
+def check_reachable(uri: str, timeout: float = 3.0) -> None:
+    """Fail fast on an http(s) store that does not answer (MLflow's own client retries for
+    minutes); make the folder of a sqlite store. Other schemes are left to MLflow."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as reply:
+                if reply.status == 200:
+                    return
+                problem = f"HTTP {reply.status}"
+        except (urllib.error.URLError, OSError) as err:
+            problem = str(getattr(err, "reason", err))
+        raise TrackingUnavailable(f"MLflow tracking server {safe_uri(uri)} is not reachable ({problem}); "
+                                  "start it, or set tracking.uri / MLFLOW_TRACKING_URI to a reachable store")
+    if is_sqlite(uri):
+        sqlite_path(uri).parent.mkdir(parents=True, exist_ok=True)
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(mlflow_client, name: str, uri: str) -> str:
+    """The id of experiment `name`, created if absent. On a sqlite store the artifacts go beside
+    the database (MLflow would otherwise put them in ./mlruns of whatever the cwd is)."""
+    exp = mlflow_client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            mlflow_client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    location = None
+    if is_sqlite(uri):
+        location = (sqlite_path(uri).parent / "artifacts").as_uri()
+    try:
+        return mlflow_client.create_experiment(name, artifact_location=location)
+    except Exception:  # created meanwhile by another job of the same sweep
+        exp = mlflow_client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def looks_secret(name: str) -> bool:
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+    return any(w in SECRET_WORDS for w in re.split(r"[^a-z0-9]+", words))
+
+
+def safe_uri(uri: str) -> str:
+    """A URI without the user:password part."""
+    parts = urlsplit(uri)
+    if parts.password or parts.username:
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return uri
+
+
+def redact(tree, name: str = ""):
+    """A copy of a nested dict/list with the values of secret-looking keys replaced."""
+    if isinstance(tree, dict):
+        return {k: (REDACTED if looks_secret(str(k)) and not isinstance(v, (dict, list)) else redact(v, str(k)))
+                for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [redact(v, name) for v in tree]
+    if isinstance(tree, str) and "://" in tree:
+        return safe_uri(tree)
+    return tree
+
+
+def redact_override(override: str) -> str:
+    """`hardware.env.HF_TOKEN=abc` → `hardware.env.HF_TOKEN=<redacted>`."""
+    key, sep, value = override.partition("=")
+    if sep and looks_secret(key.rsplit(".", 1)[-1]):
+        return f"{key}={REDACTED}"
+    return key + sep + (safe_uri(value) if "://" in value else value)

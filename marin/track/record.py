@@ -1,0 +1,335 @@
+"""The run record: one directory and one MLflow run per run, made once, after validation.
+
+A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` holds
+
+    composed.yaml   the config as composed (with its ``auto`` leaves): what reproduction starts from
+    resolved.yaml   every derived value filled in: what was trained
+    overrides.yaml  the command-line overrides, in order
+    record.json     provenance: MLflow run id, git commit/dirty flag, packages, platform, seeds
+    git.diff        uncommitted changes at creation (when the tree was dirty)
+
+and the MLflow run gets the resolved config as flattened params, provenance as tags and the
+three config files as artifacts. Creation is all or nothing: a failure removes the directory and
+deletes the MLflow run. Secret-looking names (token, key, password, secret…) are never logged.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from marin.config.schema import Config
+from marin.config.store import PROJECT_ROOT
+from marin.track import backend
+
+log = logging.getLogger("marin.track")
+
+COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
+# Leaves that do not change what is trained: left out of the config hash.
+UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait")
+# Environment variables worth keeping for provenance (secret-looking ones are redacted).
+ENV_PREFIXES = ("SLURM_", "JAX_", "XLA_", "PJRT_", "CUDA_", "NCCL_", "NVIDIA_", "MLFLOW_", "HYDRA_",
+                "MARIN_", "OMP_", "TPU_")
+
+
+class RecordError(LookupError):
+    """A run that does not exist or lacks a config; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_dir: Path
+    run_id: str
+    tracking_uri: str
+    experiment_name: str
+
+    def path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def info(self) -> dict:
+        return json.loads(self.path(INFO).read_text())
+
+    def overrides(self) -> list[str]:
+        return list(yaml.safe_load(self.path(OVERRIDES).read_text()) or [])
+
+    def composed(self) -> DictConfig:
+        return OmegaConf.load(self.path(COMPOSED))
+
+    def resolved(self) -> DictConfig:
+        return OmegaConf.load(self.path(RESOLVED))
+
+
+# ---------------------------------------------------------------------------- config as data
+
+def config_dict(cfg: Config | DictConfig) -> dict:
+    """A plain dict of a config dataclass or DictConfig (no interpolation left)."""
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    """Dotted keys for nested dicts; lists stay whole (one leaf)."""
+    if isinstance(tree, dict) and tree:
+        out = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part, {})
+    if isinstance(tree, dict):
+        tree.pop(last, None)
+
+
+def config_hash(resolved: Config | DictConfig) -> str:
+    """sha256 of the resolved config without bookkeeping and site-specific leaves."""
+    tree = config_dict(resolved)
+    for name in UNHASHED:
+        _drop(tree, name)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def to_yaml(tree: dict) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(tree))
+
+
+# ---------------------------------------------------------------------------- provenance
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state() -> tuple[dict, str]:
+    """(commit, dirty flag, untracked files) and the diff against HEAD."""
+    commit = (_git("rev-parse", "HEAD") or "").strip() or None
+    status = _git("status", "--porcelain") or ""
+    untracked = [line[3:] for line in status.splitlines() if line.startswith("??")]
+    diff = (_git("diff", "HEAD", "--binary") or "") if commit else ""
+    return {"commit": commit, "dirty": bool(status.strip()), "untracked": untracked}, diff
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            versions[name.lower()] = dist.version
+    return dict(sorted(versions.items()))
+
+
+def environment() -> dict[str, str]:
+    chosen = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    return backend.redact(dict(sorted(chosen.items())))
+
+
+def provenance() -> dict:
+    git, diff = git_state()
+    return {
+        "git": git,
+        "packages": package_versions(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "argv": [backend.redact_override(a) for a in sys.argv],
+        "env": environment(),
+    }, diff
+
+
+def update_info(record: RunRecord, **fields) -> None:
+    """Merge fields into record.json (e.g. devices, added by the loop once JAX is up)."""
+    info = record.info()
+    info.update(fields)
+    _write_json(record.path(INFO), info)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------- create
+
+def _new_run_dir(root: Path, name: str, digest: str) -> Path:
+    """A fresh directory; never an existing one (the unique id is drawn again on a clash)."""
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        unique = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        path = root / f"{name}-{digest[:8]}-{unique}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def mlflow_params(resolved_tree: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(params, too_long): flattened, stringified; values past MLflow's limit go to an artifact."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    params, too_long = {}, {}
+    for key, value in flatten(resolved_tree).items():
+        text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+        (params if len(text) <= MAX_PARAM_VAL_LENGTH else too_long)[key] = text
+    return params, too_long
+
+
+def _tag_value(text: str) -> str:
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - 20] + " …(truncated)"
+
+
+def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecord:
+    """Make the run directory and its MLflow run (after validation). All or nothing."""
+    from marin.track import sweep
+
+    uri = backend.tracking_uri(resolved)
+    backend.check_reachable(uri)  # before anything is written
+    sweep.check_tracking(resolved, uri)
+    exp_name = backend.experiment_name(resolved)
+    composed_tree = backend.redact(config_dict(composed))
+    resolved_tree = backend.redact(config_dict(resolved))
+    safe_overrides = [backend.redact_override(o) for o in overrides]
+    digest = config_hash(resolved)
+    run_dir = _new_run_dir(backend.out_dir(resolved) / "runs", resolved.run.name, digest)
+    client, run_id, made_parent, sweep_tags = None, None, None, {}
+    try:
+        info, diff = provenance()
+        (run_dir / COMPOSED).write_text(to_yaml(composed_tree))
+        (run_dir / RESOLVED).write_text(to_yaml(resolved_tree))
+        (run_dir / OVERRIDES).write_text(yaml.safe_dump(safe_overrides, default_flow_style=False))
+        if diff:
+            (run_dir / DIFF).write_text(diff)
+        client = backend.client(uri)
+        exp_id = backend.experiment_id(client, exp_name, uri)
+        sweep_tags, made_parent = sweep.attach(client, exp_id, resolved, overrides, uri)
+        tags = {
+            "git_commit": info["git"]["commit"] or "unknown",
+            "git_dirty": str(info["git"]["dirty"]).lower(),
+            "config_hash": digest,
+            "run_dir": str(run_dir),
+            "overrides": _tag_value(json.dumps(safe_overrides)),
+            "run_name": resolved.run.name,
+            "model": resolved.model.name,
+            "router": resolved.router.kind,
+            "hardware": resolved.hardware.name,
+            **({"experiment": resolved.run.experiment} if resolved.run.experiment else {}),
+            **({"mlflow.source.git.commit": info["git"]["commit"]} if info["git"]["commit"] else {}),
+            **sweep_tags,
+        }
+        if resolved.reproduce:
+            tags["reproduced_from"] = str(resolved.reproduce)
+        run_id = client.create_run(exp_id, tags=tags, run_name=run_dir.name).info.run_id
+        _log_params(client, run_id, resolved_tree, run_dir)
+        info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": exp_name,
+                "experiment_id": exp_id, "name": resolved.run.name, "config_hash": digest,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "schema_version": resolved.schema_version,
+                "seeds": {"train.seed": resolved.train.seed}, "overrides": safe_overrides,
+                "sweep": sweep_tags or None, **info}
+        _write_json(run_dir / INFO, info)
+        for name in (COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF):
+            if (run_dir / name).exists():
+                client.log_artifact(run_id, str(run_dir / name), artifact_path="record")
+        if sweep_tags:
+            sweep.note_child(RunRecord(run_dir, run_id, uri, exp_name), sweep_tags)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for made in (run_id, made_parent):
+            if made and client is not None:
+                _discard(client, made)
+        if made_parent:
+            shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
+        raise
+    log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, backend.safe_uri(uri), exp_name)
+    return RunRecord(run_dir, run_id, uri, exp_name)
+
+
+def _log_params(client, run_id: str, resolved_tree: dict, run_dir: Path) -> None:
+    from mlflow.entities import Param
+    from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
+
+    params, too_long = mlflow_params(resolved_tree)
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+    if too_long:
+        client.log_dict(run_id, too_long, "record/long_params.json")
+
+
+def _discard(client, run_id: str) -> None:
+    """Delete a half-made run; if even that fails, at least mark it failed."""
+    try:
+        client.delete_run(run_id)
+    except Exception:
+        try:
+            client.set_terminated(run_id, "FAILED")
+        except Exception:
+            log.warning("could not delete the half-made MLflow run %s", run_id)
+
+
+# ---------------------------------------------------------------------------- open
+
+def default_tracking_uri() -> str:
+    return backend.tracking_uri(Config())
+
+
+def open(ref: str | os.PathLike, tracking_uri: str | None = None, out_dir: Path | None = None) -> RunRecord:  # noqa: A001
+    """The record of a run directory (a path, or a name under <out_dir>/runs/) or an MLflow run id.
+
+    A run id is looked up in `tracking_uri` (default: $MLFLOW_TRACKING_URI or the project's sqlite
+    store); its `run_dir` tag names the directory.
+    """
+    ref = str(ref)
+    runs = (out_dir or backend.out_dir(Config())) / "runs"
+    for candidate in (Path(ref).expanduser(), runs / ref):
+        if candidate.is_dir():
+            return _from_dir(candidate.resolve(), tracking_uri)
+    if Path(ref).suffix or "/" in ref:
+        raise RecordError(f"{ref}: no such run directory")
+    uri = tracking_uri or default_tracking_uri()
+    if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
+        raise RecordError(f"{ref}: no such run directory, and no MLflow store at {uri} to look it up in")
+    try:
+        run = backend.client(uri).get_run(ref)
+    except Exception as err:  # MlflowException: RESOURCE_DOES_NOT_EXIST, or a bad id
+        raise RecordError(f"{ref}: neither a run directory nor an MLflow run id in {backend.safe_uri(uri)} "
+                          f"({str(err).splitlines()[0]})") from None
+    run_dir = run.data.tags.get("run_dir")
+    if not run_dir:
+        raise RecordError(f"MLflow run {ref} has no run_dir tag: it was not made by marin")
+    if not Path(run_dir).is_dir():
+        raise RecordError(f"MLflow run {ref}: its run directory {run_dir} does not exist here")
+    return _from_dir(Path(run_dir), uri)
+
+
+def _from_dir(run_dir: Path, tracking_uri: str | None) -> RunRecord:
+    if not (run_dir / INFO).is_file():
+        raise RecordError(f"{run_dir}: not a run directory (no {INFO})")
+    if not (run_dir / COMPOSED).is_file():
+        raise RecordError(f"{run_dir}: the run lacks its config ({COMPOSED})")
+    info = json.loads((run_dir / INFO).read_text())
+    return RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])

@@ -1,0 +1,192 @@
+"""`python launch.py reproduce=<run dir or MLflow run id> [overrides]`: the saved run, again.
+
+The saved composed config (with its ``auto`` leaves) is the base. Hydra composes conf/ twice,
+with the saved overrides and with the saved plus the new ones; the leaves where those two differ
+are what the new overrides change, and only they replace saved values. So derived values are
+recomputed by `validate.load`, run-specific ones (train.seed…) stay as saved, edits made to conf/
+since the run do not leak in (they are reported), and site-specific leaves (tracking.uri,
+data.root, run.out_dir) come from the current environment. The saved config is data: nothing in
+it is instantiated, and a ``_target_`` outside marin/optax/flax is refused.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from marin.config.schema import Config, RunConfig
+from marin.config.validate import load
+from marin.track import backend, record
+from marin.track.record import flatten
+
+log = logging.getLogger("marin.track")
+
+SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
+CONTROL = ("reproduce", "resume", "dry_run", "wait")
+NOT_INHERITED = ("run.sweep", "run.sweep_id")  # a reproduction is a run of its own, not a sweep job
+TARGET_PREFIXES = ("marin.", "optax.", "flax.")
+WATCHED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "hydra-core",
+                    "omegaconf", "mlflow", "marin-moe")
+
+
+class ReproduceError(ValueError):
+    """A saved run that cannot be reproduced as asked; the message is one line."""
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _check_targets(tree, where: str) -> None:
+    for key, value in flatten(tree).items():
+        if key.split(".")[-1] == "_target_" and not str(value).startswith(TARGET_PREFIXES):
+            raise ReproduceError(f"{where}: {key}={value} is not allowed (only {', '.join(TARGET_PREFIXES)} targets)")
+
+
+def _check_schema(saved: dict) -> None:
+    """Same schema version and the same fields, or a message naming the fields that differ."""
+    current = OmegaConf.to_container(OmegaConf.structured(Config))
+    have, want = set(flatten(saved)), set(flatten(current))
+
+    def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+
+    removed = sorted(k for k in have if not known(k, want))
+    added = sorted(k for k in want if not known(k, have))
+    version, expected = saved.get("schema_version"), current["schema_version"]
+    if version == expected and not removed and not added:
+        return
+    fields = "; ".join(filter(None, [f"unknown now: {', '.join(removed)}" if removed else "",
+                                     f"missing from the saved config: {', '.join(added)}" if added else ""]))
+    raise ReproduceError(f"the saved config has schema_version {version} and this code reads {expected}"
+                         + (f"; fields that differ: {fields}" if fields else ""))
+
+
+def _compose(overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from marin.config.store import CONF_DIR, register
+
+    register()
+    if GlobalHydra.instance().is_initialized():  # inside launch.py's @hydra.main
+        cfg = compose("config", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _first_line(err: Exception) -> str:
+    text = " ".join(str(err).split("\n")[:2]).strip()
+    return text or type(err).__name__
+
+
+def _unflatten(flat: dict) -> dict:
+    tree: dict = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
+
+
+def _lookup_uri(new_overrides: list[str]) -> str | None:
+    for o in reversed(new_overrides):
+        if _key(o) == "tracking.uri":
+            return o.split("=", 1)[1]
+    return os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def _out_dir(new_overrides: list[str]) -> Path | None:
+    for o in reversed(new_overrides):
+        if _key(o) == "run.out_dir":
+            return backend.out_dir(Config(run=RunConfig(out_dir=o.split("=", 1)[1])))
+    return None
+
+
+def _warn_provenance(info: dict) -> None:
+    git, _ = record.git_state()
+    was = (info.get("git") or {}).get("commit")
+    if was and git["commit"] != was:
+        log.warning("reproducing a run made at git commit %s from commit %s", was[:12], (git["commit"] or "?")[:12])
+    if (info.get("git") or {}).get("dirty"):
+        log.warning("the original run had uncommitted changes (see git.diff in its run directory)")
+    now = record.package_versions()
+    saved = info.get("packages") or {}
+    changed = [f"{p} {saved[p]} → {now.get(p, 'absent')}" for p in WATCHED_PACKAGES
+               if p in saved and now.get(p) != saved[p]]
+    others = sum(1 for p, v in saved.items() if p not in WATCHED_PACKAGES and now.get(p) != v)
+    if changed or others:
+        log.warning("package versions differ from the record: %s%s", ", ".join(changed),
+                    f" (+{others} other packages)" if others else "")
+
+
+def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[str]]:
+    """(composed, resolved, overrides for the new record) of the run at `ref` with `new_overrides`.
+
+    `new_overrides` are this command line's overrides (a ``reproduce=`` entry among them is
+    ignored). Raises ReproduceError (one line) or validate.ConfigError.
+    """
+    new = [o for o in new_overrides if _key(o) != "reproduce"]
+    try:
+        source = record.open(ref, tracking_uri=_lookup_uri(new), out_dir=_out_dir(new))
+    except record.RecordError as err:
+        raise ReproduceError(str(err)) from None
+    saved = OmegaConf.to_container(source.composed(), resolve=False)
+    _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
+    _check_targets({_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
+    _check_schema(saved)
+    kept = []
+    for o in source.overrides():
+        if _key(o) in SITE + CONTROL:
+            continue
+        if o.endswith("=" + backend.REDACTED):
+            log.warning("saved override %s was redacted: the current environment's value is used", o)
+            continue
+        kept.append(o)
+    _check_targets({_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
+
+    try:
+        base = flatten(_compose(kept))
+    except Exception as err:
+        raise ReproduceError(f"the saved overrides no longer compose with conf/: {_first_line(err)}") from None
+    try:
+        wanted = flatten(_compose(kept + new))
+    except Exception as err:
+        raise ReproduceError(f"overrides do not apply to the saved config: {_first_line(err)}") from None
+
+    merged = flatten(saved)
+    drift = sorted(k for k in base if k in merged and base[k] != merged[k]
+                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != backend.REDACTED)
+    if drift:
+        log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
+                    + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))
+    for key, value in wanted.items():  # what the new overrides change
+        if key not in base or base[key] != value:
+            merged[key] = value
+    for key in set(base) - set(wanted):  # removed by a ~key override
+        merged.pop(key, None)
+    for key in SITE + CONTROL:
+        merged[key] = wanted.get(key)
+    for key in NOT_INHERITED:
+        if not any(_key(o) == key for o in new):
+            merged[key] = None
+    for key, value in list(merged.items()):
+        if value == backend.REDACTED:
+            merged[key] = wanted.get(key)
+    merged["reproduce"] = source.run_id  # tagged reproduced_from by record.create
+    _warn_provenance(source.info())
+
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(Config), _unflatten(merged))
+    except Exception as err:
+        raise ReproduceError(f"the recomposed config does not fit the schema: {_first_line(err)}") from None
+    composed, resolved = load(typed)
+    log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
+    return composed, resolved, kept + new + [f"reproduce={source.run_id}"]

@@ -1,0 +1,197 @@
+"""A sweep in MLflow: one parent run per launch, one child run per job.
+
+Every job of a sweep (``run.sweep`` set by ``sweeps/<name>.yaml``, or any ``-m`` multirun)
+finds its parent by a *sweep id* and creates it if absent, so the same code serves a local
+sequential multirun (all jobs in one process) and a Slurm array (jobs in separate processes, or
+all records made by the launcher at submit time). The sweep id is, in order:
+
+1. ``run.sweep_id`` if set (to add jobs to an existing sweep later);
+2. ``$MARIN_SWEEP_ID`` (a launcher may export one for its tasks);
+3. ``$SLURM_ARRAY_JOB_ID`` (shared by the tasks of one job array);
+4. one id per launch in this process: drawn anew when Hydra starts job 0 of a multirun.
+
+The parent also gets a sweep directory ``<run.out_dir>/sweeps/<name>-<sweep id>/`` with
+``sweep.json`` (parent run id, tracking URI) and ``jobs.jsonl`` (one line per child), which
+`python -m marin.status` and `python -m marin.forecast` accept in place of the parent's id.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from marin.config.schema import Config
+from marin.track import backend
+
+PARENT, CHILD = "parent", "child"
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+_launch = {"id": uuid.uuid4().hex[:8]}
+
+
+class SweepError(backend.TrackingUnavailable):
+    """A sweep that cannot be tracked as asked: parallel jobs on a sqlite store. A kind of
+    TrackingUnavailable, so launchers that report that one before submitting report this too."""
+
+
+def _hydra():
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get()
+    except (ValueError, ImportError):
+        return None
+
+
+def _is_multirun(hc) -> bool:
+    return hc is not None and str(hc.mode).endswith("MULTIRUN")
+
+
+def sweep_name(cfg: Config) -> str | None:
+    """The sweep this job belongs to, or None for a plain run."""
+    if cfg.run.sweep:
+        return cfg.run.sweep
+    return "multirun" if _is_multirun(_hydra()) else None
+
+
+def sweep_id(cfg: Config) -> str:
+    if cfg.run.sweep_id:
+        return str(cfg.run.sweep_id)
+    for var in ("MARIN_SWEEP_ID", "SLURM_ARRAY_JOB_ID"):
+        if os.environ.get(var):
+            return os.environ[var]
+    hc = _hydra()
+    if _job_num(hc) == 0 and _launch.get("job0") is not hc:  # job 0 of a new launch in this process
+        _launch.update(id=uuid.uuid4().hex[:8], job0=hc)
+    return _launch["id"]
+
+
+def _job_num(hc) -> int | None:
+    """Hydra's number of this job in its multirun; None outside one (or in a launcher's process)."""
+    from omegaconf import OmegaConf
+
+    if not _is_multirun(hc) or OmegaConf.is_missing(hc.job, "num"):
+        return None
+    return hc.job.num
+
+
+def check_tracking(cfg: Config, uri: str) -> None:
+    """A sqlite file takes one writer at a time; a Slurm sweep's jobs write at once."""
+    if sweep_name(cfg) and cfg.hardware.launcher == "slurm" and backend.is_sqlite(uri):
+        raise SweepError(
+            f"tracking store {uri} is a sqlite file, which takes one writer at a time, but a Slurm sweep "
+            "runs its jobs in parallel: start an MLflow server (mlflow server --backend-store-uri "
+            f"{uri} ...) and pass tracking.uri=http://<host>:<port> (or set MLFLOW_TRACKING_URI)")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def swept_values() -> dict[str, list[str]]:
+    """Each swept key and its values: `hydra.sweeper.params` merged with sweeps on the command
+    line (the command line wins, as in Hydra's basic sweeper). Empty outside a multirun."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hc = _hydra()
+    if not _is_multirun(hc):
+        return {}
+    params = dict(hc.sweeper.get("params") or {}) if "sweeper" in hc else {}
+    specs = [f"{k}={v}" for k, v in params.items()]
+    specs += [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    values = {}
+    try:
+        for override in OverridesParser.create().parse_overrides(specs):
+            if override.is_sweep_override():
+                values[override.key_or_group] = list(override.sweep_string_iterator())
+    except Exception:  # a launcher's own argv: keep what parsed
+        pass
+    return values
+
+
+def _sweep_dir(cfg: Config, name: str, sid: str) -> Path:
+    return backend.out_dir(cfg) / "sweeps" / f"{name}-{sid}"
+
+
+def find_parent(client, exp_id: str, sid: str):
+    runs = client.search_runs([exp_id], f"tags.sweep_id = '{sid}' and tags.sweep_role = '{PARENT}'",
+                              order_by=["attributes.start_time ASC"])
+    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def attach(client, exp_id: str, cfg: Config, overrides: list[str], uri: str) -> tuple[dict, str | None]:
+    """Tags that make this job a child of its sweep's parent (created if absent), and the id of
+    the parent if this call created it (so a failed creation can remove it again)."""
+    name = sweep_name(cfg)
+    if not name:
+        return {}, None
+    sid = sweep_id(cfg)
+    folder = _sweep_dir(cfg, name, sid)
+    made = None
+    parents = find_parent(client, exp_id, sid)
+    if not parents:
+        made = _create_parent(client, exp_id, cfg, name, sid, folder, uri)
+        parents = find_parent(client, exp_id, sid)
+        if parents and parents[0].info.run_id != made:  # another job was first: use its parent
+            client.delete_run(made)
+            made = None
+    parent_id = parents[0].info.run_id if parents else made
+    swept = swept_values()
+    own = [backend.redact_override(o) for o in overrides if _key(o) in swept]
+    tags = {"mlflow.parentRunId": parent_id, "sweep": name, "sweep_id": sid, "sweep_role": CHILD,
+            "sweep_dir": str(folder), "sweep_overrides": json.dumps(own)}
+    return tags, made
+
+
+def _create_parent(client, exp_id, cfg: Config, name: str, sid: str, folder: Path, uri: str) -> str:
+    swept = swept_values()
+    tags = {"sweep": name, "sweep_id": sid, "sweep_role": PARENT, "sweep_dir": str(folder),
+            "sweep_params": json.dumps(swept)}
+    if swept and any(a in ("-m", "--multirun") for a in sys.argv):
+        tags["expected_jobs"] = str(math.prod(len(v) for v in swept.values()))
+    run_id = client.create_run(exp_id, tags=tags, run_name=f"{name}-{sid}").info.run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    info = {"parent_run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment_id": exp_id,
+            "experiment": backend.experiment_name(cfg), "sweep": name, "sweep_id": sid, "params": swept,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (folder / "sweep.json").write_text(json.dumps(info, indent=2) + "\n")
+    return run_id
+
+
+def note_child(record, tags: dict) -> None:
+    """One line per child in the sweep directory's jobs.jsonl (O_APPEND: safe for parallel jobs)."""
+    folder = Path(tags["sweep_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"run_id": record.run_id, "run_dir": str(record.run_dir),
+                       "overrides": json.loads(tags["sweep_overrides"])}) + "\n"
+    fd = os.open(folder / "jobs.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def children(client, parent) -> list:
+    exp_id = parent.info.experiment_id
+    return list(client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                   order_by=["attributes.start_time ASC"], max_results=10000))
+
+
+def close_if_done(client, parent_id: str) -> str | None:
+    """End the parent once every child has ended (and, when the sweep's size is known, all of
+    them exist): FINISHED if they all finished, else FAILED. Returns the status set, if any."""
+    parent = client.get_run(parent_id)
+    if parent.info.status in TERMINAL:
+        return None
+    kids = children(client, parent)
+    expected = parent.data.tags.get("expected_jobs")
+    if not kids or any(k.info.status not in TERMINAL for k in kids):
+        return None
+    if expected and len(kids) < int(expected):
+        return None
+    status = "FINISHED" if all(k.info.status == "FINISHED" for k in kids) else "FAILED"
+    client.set_terminated(parent_id, status)
+    return status

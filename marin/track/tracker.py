@@ -1,0 +1,211 @@
+"""Logging a running job to its MLflow run, robust to the tracking server going away.
+
+Metrics are buffered and sent in batches (`MlflowClient.log_batch`, no fluent global state, so
+several runs can live in one process). If the store does not answer, training goes on: the
+metrics stay in memory, one warning is printed, and sending is retried with a growing pause;
+`finish` tries once more and, failing that, leaves them in ``unsent_metrics.jsonl`` in the run
+directory (`python -m marin.track.tracker <run dir>` sends them later). Only process 0 logs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from marin.track import backend, record as run_record, sweep
+
+log = logging.getLogger("marin.track")
+
+UNSENT = "unsent_metrics.jsonl"
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+class Tracker:
+    """`log_metrics`, `log_text`, `log_artifact`, `set_tags`, `finish` for one run; no-ops on
+    processes other than 0. Usable as a context manager (an exception finishes it FAILED)."""
+
+    def __init__(self, record: run_record.RunRecord, process_index: int = 0, flush_every_s: float = 5.0):
+        self.record = record
+        self.enabled = process_index == 0 and record is not None
+        self.flush_every_s = flush_every_s
+        self.finished = False
+        if not self.enabled:
+            return
+        self._client = backend.client(record.tracking_uri)
+        self._pending: list = []          # mlflow Metric / RunTag objects not yet sent
+        self._pending_tags: dict = {}
+        self._last_flush = time.monotonic()
+        self._retry_at = 0.0
+        self._pause = flush_every_s
+        self._outage = False
+        self._warned_values = False
+        self._call(lambda: self._client.update_run(record.run_id, status="RUNNING"))  # resumed runs reopen
+
+    # ------------------------------------------------------------------ logging
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        for key, value in metrics.items():
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                if not self._warned_values:
+                    log.warning("metric %s=%r is not a number: not logged", key, value)
+                    self._warned_values = True
+                continue
+            self._pending.append(Metric(str(key), value, now, int(step)))
+        if len(self._pending) >= 1000 or time.monotonic() - self._last_flush >= self.flush_every_s:
+            self.flush()
+
+    def set_tags(self, tags: dict) -> None:
+        if not self.enabled:
+            return
+        self._pending_tags.update({str(k): backend.REDACTED if backend.looks_secret(str(k)) else str(v)
+                                   for k, v in tags.items()})
+        self.flush()
+
+    def log_text(self, name: str, text: str) -> None:
+        """A text artifact (e.g. the plan, a summary); kept in the run directory if MLflow fails."""
+        if not self.enabled:
+            return
+        if not self._call(lambda: self._client.log_text(self.record.run_id, text, name)):
+            path = self.record.run_dir / "unsent_artifacts" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if not self.enabled:
+            return
+        self._call(lambda: self._client.log_artifact(self.record.run_id, str(path), artifact_path))
+
+    def log_device_info(self) -> dict:
+        """JAX version and devices, into record.json and the run's tags (call after JAX is up)."""
+        import jax
+
+        devices = jax.devices()
+        info = {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": len(devices),
+                "local_device_count": jax.local_device_count(), "device_kind": devices[0].device_kind,
+                "process_count": jax.process_count()}
+        if self.enabled:
+            run_record.update_info(self.record, devices=info)
+            self.set_tags({f"jax.{k}": v for k, v in info.items()})
+        return info
+
+    # ------------------------------------------------------------------ sending
+    def flush(self, force: bool = False) -> bool:
+        """Send what is pending; True when nothing is left. Skipped during an outage's pause."""
+        if not self.enabled:
+            return True
+        if not (self._pending or self._pending_tags):
+            return True
+        if not force and time.monotonic() < self._retry_at:
+            return False
+        self._last_flush = time.monotonic()
+        try:
+            if self.record.tracking_uri.startswith(("http://", "https://")):
+                backend.check_reachable(self.record.tracking_uri, timeout=2.0)  # fail fast, not after retries
+            self._send()
+        except Exception as err:  # the store is away: keep everything, warn once, retry later
+            if not self._outage:
+                log.warning("tracking store %s does not answer (%s); training goes on, %d metrics kept "
+                            "and sent when it answers", backend.safe_uri(self.record.tracking_uri),
+                            str(err).splitlines()[0] if str(err) else type(err).__name__, len(self._pending))
+            self._outage = True
+            self._retry_at = time.monotonic() + self._pause
+            self._pause = min(self._pause * 2, 300.0)
+            return False
+        if self._outage:
+            log.info("tracking store answers again; buffered metrics sent")
+        self._outage, self._pause = False, self.flush_every_s
+        return True
+
+    def _send(self) -> None:
+        from mlflow.entities import RunTag
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
+
+        if self._pending_tags:
+            tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
+            for start in range(0, len(tags), MAX_PARAMS_TAGS_PER_BATCH):
+                self._client.log_batch(self.record.run_id, tags=tags[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+            self._pending_tags = {}
+        while self._pending:
+            chunk = self._pending[:MAX_METRICS_PER_BATCH]
+            self._client.log_batch(self.record.run_id, metrics=chunk)
+            del self._pending[:len(chunk)]  # only what was sent
+
+    def _call(self, fn) -> bool:
+        try:
+            if self.record.tracking_uri.startswith(("http://", "https://")):
+                backend.check_reachable(self.record.tracking_uri, timeout=2.0)
+            fn()
+            return True
+        except Exception as err:
+            log.warning("tracking call failed (%s); continuing", str(err).splitlines()[0] if str(err) else err)
+            return False
+
+    # ------------------------------------------------------------------ end
+    def finish(self, status: str = "FINISHED") -> None:
+        """Send what is left, end the run with `status`, and close the sweep's parent if this was
+        its last job. Metrics that cannot be sent are left in the run directory."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {status!r}")
+        if not self.enabled or self.finished:
+            return
+        self.finished = True
+        if not self.flush(force=True):
+            self._spill()
+        ended = self._call(lambda: self._client.set_terminated(self.record.run_id, status))
+        run_record.update_info(self.record, status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if ended:
+            self._call(self._close_parent)
+
+    def _close_parent(self) -> None:
+        parent_id = self._client.get_run(self.record.run_id).data.tags.get("mlflow.parentRunId")
+        if parent_id:
+            sweep.close_if_done(self._client, parent_id)
+
+    def _spill(self) -> None:
+        path = self.record.run_dir / UNSENT
+        with path.open("a") as out:
+            for m in self._pending:
+                out.write(json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}) + "\n")
+        log.warning("%d metrics could not be sent; kept in %s (send later: python -m marin.track.tracker %s)",
+                    len(self._pending), path, self.record.run_dir)
+        self._pending = []
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if kind is None:
+            self.finish("FINISHED")
+        else:
+            self.finish("KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
+
+
+def send_unsent(record: run_record.RunRecord) -> int:
+    """Send the metrics a finished run left in its directory; returns how many were sent."""
+    from mlflow.entities import Metric
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+    path = record.run_dir / UNSENT
+    if not path.exists():
+        return 0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows]
+    client = backend.client(record.tracking_uri)
+    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+        client.log_batch(record.run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+    path.rename(path.with_suffix(".sent"))
+    return len(metrics)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m marin.track.tracker <run directory or MLflow run id>")
+    print(f"sent {send_unsent(run_record.open(sys.argv[1]))} metrics")

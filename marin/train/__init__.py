@@ -1,0 +1,1 @@
+"""The training loop: state, the jitted step, evaluation, checkpoints, preemption."""

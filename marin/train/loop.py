@@ -1,0 +1,185 @@
+"""The training loop, shared by in-process runs and every Slurm task.
+
+    run_local(composed, resolved, overrides)   create the run record here, then train
+    train(cfg, record)                         the loop itself (resumes from the newest checkpoint)
+
+Per step the loop only dispatches the jitted step and reads back the previous step's scalars
+(one step behind, so the host never stalls the device). Batches are a pure function of the
+step, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("marin.train")
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def run_local(composed, resolved, overrides) -> dict:
+    from marin.track import record as run_record
+
+    rec = run_record.create(composed, resolved, overrides)
+    print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
+    try:
+        return train(resolved, rec)
+    except NonFiniteLoss as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(3)
+
+
+def enable_compilation_cache(cfg) -> None:
+    """JAX's persistent compilation cache: a repeated run skips compilation entirely."""
+    import jax
+
+    from marin.config.store import PROJECT_ROOT
+
+    path = os.environ.get("MARIN_JAX_CACHE") or str(Path(PROJECT_ROOT, cfg.run.out_dir, "cache", "jax"))
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def train(cfg, rec) -> dict:
+    import jax
+    import numpy as np
+
+    enable_compilation_cache(cfg)
+    from marin.data.loader import Loader
+    from marin.launch.mesh import make_mesh
+    from marin.model import accounting
+    from marin.optim import build_optimizer, lr_at
+    from marin.track.tracker import Tracker
+    from marin.train import preempt
+    from marin.train.checkpoint import Checkpointer
+    from marin.train.state import batch_sharding, init_state, state_sharding
+    from marin.train.step import make_eval_step, make_train_step
+
+    process = jax.process_index()
+    tracker = Tracker(rec, process_index=process)
+    mesh = make_mesh(cfg)
+    loader = Loader(cfg, process_index=process, process_count=jax.process_count())
+    tx = build_optimizer(cfg)
+
+    abstract = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
+    shardings = state_sharding(cfg, abstract, mesh)
+    batch_spec = batch_sharding(mesh)
+    with jax.set_mesh(mesh):
+        state = jax.jit(lambda k: init_state(cfg, tx, k), out_shardings=shardings)(
+            jax.random.key(cfg.train.seed))
+    ckpt = Checkpointer(rec.run_dir, cfg)
+    if ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state)
+        log.info("resumed from step %d (%s)", int(state.step), rec.run_dir)
+
+    train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
+                         out_shardings=(shardings, None), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(cfg, mesh), in_shardings=(shardings, batch_spec))
+
+    def to_global(batch):
+        return {k: jax.make_array_from_process_local_data(batch_spec, v) for k, v in batch.items()
+                if k in ("inputs", "targets", "segment_ids", "loss_mask")}
+
+    total = cfg.schedule.horizon_steps or cfg.train.steps  # a shortened horizon ends the run early
+    stop = min(total, cfg.train.stop_after or total)
+    start = int(state.step)
+    tokens_per_step = cfg.train.seq_len * cfg.train.global_batch
+    flops_per_step = 3 * accounting.flops_per_token(cfg) * tokens_per_step
+    peak = cfg.hardware.peak_flops_per_device * jax.device_count()
+    eval_every = cfg.train.eval_every
+    tracker.set_tags({"jax_version": jax.__version__, "backend": jax.default_backend(),
+                      "devices": f"{jax.device_count()} × {jax.devices()[0].device_kind}",
+                      "processes": str(jax.process_count())})
+
+    def evaluate(step: int) -> dict:
+        losses = {}
+        for name, batches in loader.eval_batches().items():
+            values = [float(eval_step(state, to_global(b))) for b in batches]
+            losses[f"eval/{name}/loss"] = sum(values) / len(values)
+        if losses:
+            losses["eval/macro_loss"] = sum(losses.values()) / len(losses)
+        tracker.log_metrics(losses, step)
+        return losses
+
+    progress = _progress(start, stop, process == 0)
+    pending = None  # (step, metrics on device, wall time at dispatch)
+    last_time = time.perf_counter()
+    summary = {}
+
+    def record_step(step, metrics, seconds):
+        nonlocal summary
+        values = {k: float(v) for k, v in metrics.items()}
+        if not math.isfinite(values["loss"]):
+            raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}: stopping. "
+                                "Lower optim.lr or check the data; the last checkpoint is kept.")
+        tps = tokens_per_step / seconds if seconds > 0 else float("nan")
+        row = {f"train/{k}": v for k, v in values.items()}
+        row.update({"train/tokens_per_s": tps, "train/model_flops_per_s": flops_per_step / seconds})
+        if peak > 0:
+            row["train/mfu"] = flops_per_step / seconds / peak
+        lrs = lr_at(cfg, step)  # {group: lr}; train/lr is the Adam(W) one, groups beside it
+        row["train/lr"] = lrs.get("adamw", lrs.get("adam"))
+        if len(lrs) > 1:
+            row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
+        tracker.log_metrics(row, step)
+        progress.update(step, values["loss"], tps)
+        summary = {"step": step + 1, "loss": values["loss"]}
+
+    status = "FAILED"
+    try:
+        for step in range(start, stop):
+            batch = to_global(loader.batch(step))
+            state, metrics = train_step(state, batch)
+            if pending is not None:
+                now = time.perf_counter()
+                record_step(pending[0], pending[1], now - last_time)
+                last_time = now
+            pending = (step, metrics)
+            if eval_every and (step + 1) % eval_every == 0 and step + 1 < stop:
+                record_step(*pending, time.perf_counter() - last_time)
+                pending, last_time = None, time.perf_counter()
+                summary.update(evaluate(step + 1))
+                last_time = time.perf_counter()
+            ckpt.save(step + 1, state, {"mlflow_run_id": rec.run_id})
+            if preempt.requested():
+                log.warning("preemption signal: checkpointing at step %d and requeueing", step + 1)
+                ckpt.save(step + 1, state, {"mlflow_run_id": rec.run_id}, force=True)
+                ckpt.wait()
+                status = "RUNNING"
+                preempt.requeue()
+                return summary
+        if pending is not None:
+            record_step(pending[0], pending[1], time.perf_counter() - last_time)
+        summary.update(evaluate(stop))
+        ckpt.save(stop, state, {"mlflow_run_id": rec.run_id}, force=True)
+        ckpt.wait()
+        status = "FINISHED" if stop == total else "KILLED"
+        return summary
+    finally:
+        progress.close()
+        if status != "RUNNING":
+            tracker.finish(status)
+
+
+class _progress:
+    """A tqdm bar on stderr: step, loss, tokens/s and ETA (process 0 only)."""
+
+    def __init__(self, start: int, stop: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=stop, initial=start, disable=not enabled, file=sys.stderr,
+                        unit="step", dynamic_ncols=True, mininterval=0.5)
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        self.bar.update(step + 1 - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtual environment at .venv with pinned dependencies.
+# Idempotent: does nothing when .venv already matches pyproject.toml + constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+stamp=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+if [[ -x .venv/bin/python && -f .venv/.marin-stamp && $(cat .venv/.marin-stamp) == "$stamp" ]]; then
+  exit 0
+fi
+echo "setting up .venv (one time, about a minute)..." >&2
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/python -c "import jax, flax, optax, hydra, mlflow, submitit, orbax.checkpoint" \
+  || { echo "setup failed: dependencies did not import" >&2; exit 1; }
+echo "$stamp" > .venv/.marin-stamp

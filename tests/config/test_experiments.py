@@ -1,0 +1,100 @@
+"""The published experiments compose, validate, and reproduce the published numbers (spec §1, §4,
+§7) from the code's own accounting: nothing here is typed into the configs."""
+import pytest
+
+from marin.config import derive
+from marin.launch.plan import plan
+from tests.helpers import make_config
+
+HERO = "mochi_535b_a23b"
+EXPERIMENTS = [HERO, "mochi_535b_a23b_8k", "mochi_535b_a23b_65k",
+               "ladder_d768", "ladder_d1024", "ladder_d1536", "ladder_d2048"]
+
+# rung: (d, layers, racks, total params, active params, tokens, each ± half its last published digit)
+LADDER = {
+    "ladder_d768": (768, 8, 1, (1.6e9, 0.05e9), (61e6, 0.5e6), (48e9, 0.5e9)),
+    "ladder_d1024": (1024, 12, 2, (4.0e9, 0.05e9), (162e6, 0.5e6), (128e9, 0.5e9)),
+    "ladder_d1536": (1536, 16, 6, (11.5e9, 0.05e9), (481e6, 0.5e6), (381e9, 0.5e9)),
+    "ladder_d2048": (2048, 22, 11, (27.7e9, 0.05e9), (1.2e9, 0.05e9), (926e9, 0.5e9)),
+}
+
+
+def experiment(name: str):
+    # dry_run: validated as a plan, without the site's data files (the hero mixture's cells)
+    return make_config(f"experiment={name}", "dry_run=true")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_validates_and_names_its_run(name):
+    cfg = experiment(name)
+    assert (cfg.run.name, cfg.run.experiment) == (name, name)
+    assert cfg.train.global_batch * cfg.train.seq_len == plan(cfg)["tokens_per_step"]
+
+
+def test_hero_matches_the_published_numbers():
+    p = plan(experiment(HERO))
+    assert p["total_params"] == pytest.approx(535.3e9, abs=0.05e9)
+    assert p["active_params"] == pytest.approx(22.76e9, abs=0.005e9)
+    assert p["steps"] == 390_251
+    assert p["tokens"] == pytest.approx(18.0e12, abs=0.05e12)
+    assert p["train_flops"] == pytest.approx(2.7e24, abs=0.05e24)
+    assert p["train_flops_no_head"] == pytest.approx(2.61e24, abs=0.02e24)
+    assert (p["seq_len"], p["global_batch"]) == (4096, 11_264)
+    assert p["b2"] == 0.95  # the rule's clip at the hero's batch
+
+
+def test_hero_recipe_and_layout():
+    cfg = experiment(HERO)
+    a, m = cfg.attention, cfg.model
+    assert (m.d_model, m.num_layers, a.num_heads, a.head_dim) == (6144, 48, 48, 128)
+    assert (a.kv_heads_local, a.kv_heads_global, a.window) == (12, 6, 2048)
+    assert (m.num_experts, cfg.router.top_k, cfg.router.kind, m.latent_dim, m.expert_width) == (384, 8, "qb", 3072, 3072)
+    assert (cfg.optim.name, m.remat, m.compute_dtype) == ("muonh", True, "bfloat16")
+    mesh = cfg.hardware.mesh
+    assert (mesh.replica_dcn, mesh.data, mesh.expert, mesh.model) == (11, 1, 64, 1)
+    assert cfg.train.checkpoint.permanent_every == 6000
+
+
+@pytest.mark.parametrize("name", list(LADDER))
+def test_ladder_rung_matches_the_published_size(name):
+    d, layers, racks, total, active, tokens = LADDER[name]
+    cfg = experiment(name)
+    p = plan(cfg)
+    assert p["total_params"] == pytest.approx(total[0], abs=total[1])
+    assert p["active_params"] == pytest.approx(active[0], abs=active[1])
+    assert p["tokens"] == pytest.approx(tokens[0], abs=tokens[1])
+    # The same recipe at width d (spec §4), 1,024 sequences per rack, one rack per replica.
+    a, m = cfg.attention, cfg.model
+    heads = d // 128
+    assert (m.d_model, m.num_layers, a.head_dim, a.num_heads) == (d, layers, 128, heads)
+    assert (a.kv_heads_local, a.kv_heads_global) == (max(1, heads // 4), max(1, heads // 8))
+    assert m.latent_dim == m.expert_width == m.shared_width == d // 2
+    assert (m.num_experts, cfg.router.top_k, m.num_shared_experts, a.window) == (384, 8, 2, 2048)
+    assert (cfg.optim.name, cfg.train.seq_len) == ("muonh", 4096)
+    assert cfg.train.global_batch == 1024 * racks
+    assert (cfg.hardware.mesh.replica_dcn, p["devices"]) == (racks, 64 * racks)
+
+
+def test_context_stages_rescale_qk_mult_by_the_rule():
+    hero, k8, k65 = experiment(HERO), experiment("mochi_535b_a23b_8k"), experiment("mochi_535b_a23b_65k")
+    assert hero.attention.qk_mult == 1.3
+    assert k8.attention.qk_mult == pytest.approx(1.390, abs=5e-4)  # spec §7: 1.3 → 1.390 for 4K → 8K
+    assert k8.attention.qk_mult == pytest.approx(derive.qk_mult_for_length(1.3, 4096, 8192))
+    # 8K → 65K compounds on the 8K stage's value, not on the pretraining one.
+    assert k65.attention.qk_mult == pytest.approx(derive.qk_mult_for_length(k8.attention.qk_mult, 8192, 65536))
+    assert (k8.train.seq_len, k8.train.init_seq_len, k65.train.seq_len, k65.train.init_seq_len) == (8192, 4096, 65536, 8192)
+
+
+def test_context_stages_keep_the_run_schedule():
+    """Same tokens per step as pretraining, so steps and the lr rule resolve as there."""
+    hero = plan(experiment(HERO))
+    for name in ("mochi_535b_a23b_8k", "mochi_535b_a23b_65k"):
+        p = plan(experiment(name))
+        assert (p["tokens_per_step"], p["steps"], p["lr"], p["eps"]) == (
+            hero["tokens_per_step"], hero["steps"], hero["lr"], hero["eps"])
+
+
+def test_qk_mult_auto_without_extension_is_the_base():
+    assert make_config("attention.qk_mult=auto", "attention.qk_mult_base=1.7").attention.qk_mult == 1.7
+    cfg = make_config("attention.qk_mult=auto", "train.init_seq_len=64", "train.seq_len=256")
+    assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * 1.3862943611198906))

@@ -1,0 +1,30 @@
+"""Composing, printing and validating a config never imports JAX (it costs ~1 s per command)."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.helpers import make_config
+make_config({overrides})
+print('jax' in sys.modules, 'flax' in sys.modules, 'mlflow' in sys.modules)
+"""
+
+
+def test_validation_does_not_import_jax():
+    for overrides in ("", "'experiment=mochi_535b_a23b', 'dry_run=true'", "'optim=muonh', 'train.steps=auto'"):
+        out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), overrides=overrides)],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["False", "False", "False"], (overrides, out.stdout, out.stderr)
+
+
+def test_cfg_job_does_not_import_jax():
+    probe = ("import runpy, sys; sys.argv = ['launch.py', '--cfg', 'job']\n"
+             "try:\n    runpy.run_path('launch.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('jax' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert "model:" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "False", out.stderr

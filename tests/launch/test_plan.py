@@ -1,0 +1,131 @@
+"""The dry run: `launch.py dry_run=json` prints one JSON object (and nothing else on stdout),
+never imports JAX, and its memory estimate follows the spec's layout (§6)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin.launch.plan import format_plan, plan
+from marin.model import accounting
+from tests.helpers import make_config
+
+ROOT = Path(__file__).resolve().parents[2]
+HERO = "experiment=mochi_535b_a23b"
+RUNG = "experiment=ladder_d768"
+KEYS = {"total_params", "total_params_all_leaves", "active_params", "flops_per_token", "train_flops",
+        "train_flops_no_head", "steps", "tokens", "seq_len", "global_batch", "tokens_per_step", "lr",
+        "mesh", "devices", "memory_per_device_gib"}
+
+
+def planned(*overrides: str):
+    """A resolved config validated as a dry run is (the hero's data files are site-specific)."""
+    return make_config(*overrides, "dry_run=true")
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-X", "importtime", "launch.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from `-X importtime` lines: 'import time: self | cumulative | name'."""
+    return {line.rsplit("|", 1)[-1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+@pytest.fixture(scope="module")
+def hero_json():
+    out = launch(HERO, "dry_run=json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_dry_run_json_is_one_object_with_every_key(hero_json):
+    p = json.loads(hero_json.stdout)  # fails on anything printed besides the object
+    assert KEYS <= set(p)
+    assert p["mesh"] == {"replica_dcn": 11, "data": 1, "expert": 64, "model": 1}
+    assert p["devices"] == 704
+    assert set(p["lr"]) == {"muonh", "adamh", "adam"}
+    assert p["memory_per_device_gib"] == pytest.approx(sum(p["memory_parts_gib"].values()))
+    # The hero mixture's 200 cells, epochs per phase (pretrain, midtrain), from the cells file.
+    assert len(p["data"]) == 200 and all(len(e) == 2 for e in p["data"].values())
+
+
+def test_dry_run_never_imports_jax(hero_json):
+    modules = imported_modules(hero_json.stderr)
+    assert "marin.launch.plan" in modules  # the probe sees the plan's imports
+    assert not {m for m in modules if m.split(".")[0] in ("jax", "jaxlib", "flax", "optax")}
+
+
+def test_gb200_submission_is_176_nodes_of_4_gpus(hero_json):
+    sub = json.loads(hero_json.stdout)["submission"]
+    assert (sub["nodes"], sub["ntasks_per_node"], sub["gpus_per_node"], sub["tasks"]) == (176, 4, 4, 704)
+    assert any("XLA_FLAGS" in line for line in sub["setup"])  # the environment every task gets
+
+
+def test_dry_run_table_shows_the_plan():
+    out = launch(HERO, "dry_run=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for text in ("535.305B", "22.762B", "390,251", "176 nodes × 4 tasks = 704 processes", "replica_dcn 11", "GiB"):
+        assert text in out.stdout
+
+
+def test_local_plan_has_no_submission():
+    p = plan(make_config("model=tiny"))
+    assert "submission" not in p and p["devices"] == 1
+    assert "run default" in format_plan(p)
+
+
+def test_all_leaf_count_is_the_spec_formula():
+    """Spec §1a 'every leaf', written out independently of the accounting code."""
+    cfg = planned(HERO)
+    a, m = cfg.attention, cfg.model
+    d, L, H, h, kv, r, ell = (m.d_model, m.num_layers, a.num_heads, a.head_dim, a.kv_heads_local,
+                              m.gated_norm_rank, m.latent_dim)
+    per_layer = 2 * (d * r + r * d) + d * H + 2 * d + ell + kv * h * 4 + 2 * d * 4
+    once = 2 * (d + d * r + r * d)
+    expected = accounting.total_params(cfg) + L * per_layer + once
+    assert plan(cfg)["total_params_all_leaves"] == expected == 535_477_088_256
+    assert sum(leaf.size for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))) == expected
+
+
+def test_leaf_table_groups_follow_the_optimizer_rules():
+    from marin.optim.groups import group_of  # imports JAX: fine in a test
+
+    for leaf in accounting.leaves_of(accounting.Shapes.of(planned(HERO))):
+        assert group_of(tuple(leaf.path.split("/"))) == leaf.group, leaf.path
+
+
+def test_hero_memory_parts_follow_the_layout():
+    cfg = planned(HERO)
+    leaves = accounting.leaves_of(accounting.Shapes.of(cfg))
+    experts = sum(leaf.size for leaf in leaves if leaf.expert)
+    assert experts == 48 * 384 * 3 * 3072 * 3072
+    others = sum(leaf.size for leaf in leaves) - experts
+    mem = accounting.memory_per_device(cfg)
+    # Experts over the 64-way expert axis, the rest over the rack's 64 devices; fp32.
+    assert mem["params"] == pytest.approx((experts / 64 + others / 64) * 4 / 2**30)
+    assert mem["gradients"] == mem["params"]
+    # MuonH keeps one momentum on matrices, so its state is near the parameters' size; AdamW's twice.
+    adamw = accounting.memory_per_device(planned(HERO, "optim=adamw"))
+    assert mem["params"] < mem["optimizer"] < 1.01 * mem["params"]
+    assert adamw["optimizer"] == pytest.approx(2 * mem["params"])
+
+
+def test_memory_scales_with_the_rack_not_the_racks():
+    one_rack = accounting.memory_per_device(planned(RUNG))
+    half_rack = accounting.memory_per_device(planned(RUNG, "hardware.nodes=8", "hardware.mesh.expert=32"))
+    assert half_rack["params"] == pytest.approx(2 * one_rack["params"])  # sharded over the rack
+    two_racks = accounting.memory_per_device(planned(RUNG, "hardware=gb200_nvl72x2", "train.global_batch=2048"))
+    assert two_racks["params"] == one_rack["params"]  # replicated across racks (replica_dcn)
+    assert two_racks["activations"] == one_rack["activations"]  # same micro-batch per device
+
+
+def test_activations_follow_remat_and_the_micro_batch():
+    cfg = planned(RUNG)
+    remat = accounting.memory_per_device(cfg)
+    assert cfg.model.remat and accounting.memory_per_device(cfg, remat=False)["activations"] > remat["activations"]
+    half = accounting.memory_per_device(planned(RUNG, "train.micro_batch=8"))
+    assert half["activations"] == pytest.approx(remat["activations"] / 2)

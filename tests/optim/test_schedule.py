@@ -1,0 +1,69 @@
+"""warmup_linear: warmup, peak, final value at the last step, the shortened horizon."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marin.optim import lr_at
+from marin.optim.schedule import lr_schedule
+from tests.optim import config
+
+PEAK = 1e-2
+
+
+def curve(cfg, steps):
+    return np.array([lr_at(cfg, s)["adamw"] for s in steps])
+
+
+def test_warmup_peak_and_final():
+    cfg = config(steps=1000, lr=PEAK, warmup_frac=0.01, final_ratio=0.05)  # 10 warmup steps
+    warm = curve(cfg, range(10))
+    np.testing.assert_allclose(warm, PEAK * np.arange(1, 11) / 10, rtol=1e-6)
+    assert lr_at(cfg, 9)["adamw"] == pytest.approx(PEAK)
+    assert lr_at(cfg, 999)["adamw"] == pytest.approx(0.05 * PEAK)
+    assert lr_at(cfg, 5000)["adamw"] == pytest.approx(0.05 * PEAK)  # past the end: stays final
+    decay = curve(cfg, range(9, 1000))
+    assert np.all(np.diff(decay) < 0)
+    np.testing.assert_allclose(np.diff(decay, 2), 0, atol=1e-12)  # linear
+
+
+def test_at_least_one_warmup_step():
+    cfg = config(steps=20, lr=PEAK, warmup_frac=0.01)
+    assert lr_at(cfg, 0)["adamw"] == pytest.approx(PEAK)
+    assert lr_at(cfg, 19)["adamw"] == pytest.approx(0.05 * PEAK)
+
+
+def test_horizon_reslopes_decay():
+    cfg = config(steps=1000, lr=PEAK, horizon_steps=750)
+    full = config(steps=1000, lr=PEAK)
+    np.testing.assert_allclose(curve(cfg, range(10)), curve(full, range(10)))  # warmup unchanged
+    assert lr_at(cfg, 749)["adamw"] == pytest.approx(0.05 * PEAK)
+    mid = (9 + 749) / 2
+    assert lr_at(cfg, mid)["adamw"] == pytest.approx(PEAK * (1 + 0.05) / 2)
+    assert lr_at(cfg, 500)["adamw"] < lr_at(full, 500)["adamw"]
+
+
+def test_horizon_change_mid_run_is_continuous():
+    full = config(steps=1000, lr=PEAK)
+    cfg = config(steps=1000, lr=PEAK, horizon_steps=750, horizon_from_step=500)
+    before = range(0, 501)
+    np.testing.assert_allclose(curve(cfg, before), curve(full, before), rtol=1e-6)
+    after = curve(cfg, range(500, 750))
+    np.testing.assert_allclose(np.diff(after, 2), 0, atol=1e-12)
+    assert after[-1] == pytest.approx(0.05 * PEAK)
+    with pytest.raises(ValueError, match="horizon_from_step"):
+        lr_at(config(steps=1000, horizon_steps=750, horizon_from_step=749), 0)
+
+
+def test_group_lrs_follow_the_schedule():
+    cfg = config("muonh", steps=1000, lr=PEAK)
+    at = lr_at(cfg, 500)
+    assert set(at) == {"muonh", "adamh", "adam"}
+    assert at["muonh"] == pytest.approx(cfg.optim.muonh_lr_ratio * at["adam"])
+
+
+def test_optax_schedule_matches_logged_lr_under_jit():
+    cfg = config(steps=300, lr=PEAK, warmup_frac=0.05, horizon_steps=200, horizon_from_step=100)
+    schedule = jax.jit(lr_schedule(cfg, PEAK))
+    for step in (0, 7, 14, 15, 100, 150, 199, 250):
+        assert float(schedule(jnp.int32(step))) == pytest.approx(lr_at(cfg, step)["adamw"], rel=1e-5)

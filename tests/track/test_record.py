@@ -1,0 +1,104 @@
+"""The run record: directory contents, the MLflow run read back, atomicity, open()."""
+import json
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from marin.track import backend, record
+from marin.track.backend import TrackingUnavailable
+
+
+def test_create_writes_directory_and_mlflow_run(configure, store, monkeypatch):
+    monkeypatch.setenv("MARIN_TEST_API_TOKEN", "hunter2")  # must never be logged
+    composed, resolved, overrides = configure("run.name=rec", "optim.lr=0.002",
+                                              "+hardware.env.HF_TOKEN=hunter2")
+    rec = record.create(composed, resolved, overrides)
+
+    assert rec.run_dir.parent == store["out"] / "runs"
+    assert rec.run_dir.name.startswith(f"rec-{record.config_hash(resolved)[:8]}-")
+    assert yaml.safe_load((rec.run_dir / "composed.yaml").read_text())["attention"]["num_heads"] == "auto"
+    assert yaml.safe_load((rec.run_dir / "resolved.yaml").read_text())["attention"]["num_heads"] == resolved.attention.num_heads
+    assert rec.overrides()[-2] == "optim.lr=0.002"
+    info = rec.info()
+    assert info["run_id"] == rec.run_id and info["seeds"] == {"train.seed": 0}
+    assert "mlflow" in info["packages"] and info["git"]["commit"]
+
+    run = MlflowClient(store["uri"]).get_run(rec.run_id)
+    assert run.data.params["optim.lr"] == "0.002"
+    assert run.data.params["model.d_model"] == "64"
+    assert run.data.params["data.phase_names"] == '["pretrain"]'   # lists are stringified
+    assert run.data.params["hardware.env.HF_TOKEN"] == backend.REDACTED
+    assert run.data.tags["config_hash"] == record.config_hash(resolved)
+    assert run.data.tags["run_dir"] == str(rec.run_dir)
+    assert run.data.tags["git_dirty"] in ("true", "false")
+    assert json.loads(run.data.tags["overrides"])[0] == "model=tiny"
+    artifacts = {a.path for a in MlflowClient(store["uri"]).list_artifacts(rec.run_id, "record")}
+    assert {"record/composed.yaml", "record/resolved.yaml", "record/overrides.yaml"} <= artifacts
+    # artifacts beside the store, not in ./mlruns of the cwd
+    assert str(store["uri"].split(":///")[1].rsplit("/", 1)[0]) in run.info.artifact_uri
+    everything = "".join(p.read_text() for p in rec.run_dir.iterdir()) + json.dumps(run.data.to_dictionary())
+    assert "hunter2" not in everything
+
+
+def test_same_config_twice_gets_two_directories(configure):
+    composed, resolved, overrides = configure("run.name=twice")
+    a = record.create(composed, resolved, overrides)
+    b = record.create(composed, resolved, overrides)
+    assert a.run_dir != b.run_dir and a.run_id != b.run_id
+    assert a.run_dir.name.split("-")[1] == b.run_dir.name.split("-")[1]  # same config hash
+
+
+def test_failure_leaves_no_directory_and_no_live_run(configure, store, monkeypatch):
+    composed, resolved, overrides = configure("run.name=atomic")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(record, "_log_params", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        record.create(composed, resolved, overrides)
+    runs = store["out"] / "runs"
+    assert not [p for p in runs.iterdir() if p.name.startswith("atomic-")]
+    client = MlflowClient(store["uri"])
+    exp = client.get_experiment_by_name("default")
+    assert not client.search_runs([exp.experiment_id], "tags.run_name = 'atomic'")  # deleted runs are hidden
+
+
+def test_unreachable_server_fails_before_any_directory(configure, store):
+    composed, resolved, overrides = configure("run.name=offline", "tracking.uri=http://127.0.0.1:9")
+    with pytest.raises(TrackingUnavailable, match="not reachable"):
+        record.create(composed, resolved, overrides)
+    assert not list(store["out"].glob("runs/offline-*"))
+
+
+def test_open_by_directory_and_by_run_id(configure, store):
+    composed, resolved, overrides = configure("run.name=opened")
+    made = record.create(composed, resolved, overrides)
+    assert record.open(made.run_dir) == made
+    by_id = record.open(made.run_id, tracking_uri=store["uri"])
+    assert by_id.run_dir == made.run_dir and by_id.run_id == made.run_id
+    assert record.open(made.run_dir.name, out_dir=store["out"]).run_id == made.run_id
+
+
+def test_open_errors(configure, store, tmp_path):
+    with pytest.raises(record.RecordError, match="no such run directory"):
+        record.open(tmp_path / "missing")
+    with pytest.raises(record.RecordError, match="neither a run directory nor an MLflow run id"):
+        record.open("0123456789abcdef0123456789abcdef", tracking_uri=store["uri"])
+    composed, resolved, overrides = configure("run.name=noconfig")
+    made = record.create(composed, resolved, overrides)
+    (made.run_dir / "composed.yaml").unlink()
+    with pytest.raises(record.RecordError, match="lacks its config"):
+        record.open(made.run_dir)
+
+
+def test_default_uri_is_absolute_sqlite_under_out_dir(monkeypatch):
+    from tests.helpers import make_config
+    from marin.config.store import PROJECT_ROOT
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = backend.tracking_uri(make_config("model=tiny"))
+    assert uri == f"sqlite:///{PROJECT_ROOT}/outputs/mlflow/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
+    assert backend.tracking_uri(make_config("model=tiny")) == "http://example:5000"
+    assert backend.tracking_uri(make_config("model=tiny", "tracking.uri=sqlite:////x.db")) == "sqlite:////x.db"

@@ -1,0 +1,115 @@
+"""reproduce=<run>: saved config + new overrides; errors; python -m marin.diff."""
+import logging
+import subprocess
+import sys
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from marin import diff
+from marin.config.store import PROJECT_ROOT
+from marin.track import record
+from marin.track.reproduce import ReproduceError, recompose
+
+
+@pytest.fixture(scope="module")
+def source(store):
+    from tests.helpers import compose_dict
+    from marin.config.validate import load
+
+    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
+                 "optim.lr=0.002", "train.seed=7", "run.name=src"]
+    composed, resolved = load(compose_dict(*overrides))
+    return record.create(composed, resolved, overrides)
+
+
+def _edit_saved(rec, edit):
+    """A copy of `rec`'s run directory with its composed.yaml edited (as if made by other code)."""
+    import shutil
+
+    copy = rec.run_dir.with_name(rec.run_dir.name + "-edited-" + edit.__name__)
+    shutil.copytree(rec.run_dir, copy)
+    tree = yaml.safe_load((copy / "composed.yaml").read_text())
+    edit(tree)
+    (copy / "composed.yaml").write_text(yaml.safe_dump(tree))
+    return copy
+
+
+def test_saved_values_kept_new_overrides_applied(source, store, tmp_path):
+    composed, resolved, overrides = recompose(str(source.run_dir), ["train.steps=6", f"run.out_dir={tmp_path}"])
+    assert resolved.train.seed == 7 and resolved.optim.lr == 0.002      # as saved
+    assert resolved.train.steps == 6                                    # new override
+    assert composed.attention.num_heads == "auto" and resolved.attention.num_heads == 2  # derived again
+    assert resolved.run.out_dir == str(tmp_path) and resolved.tracking.uri is None  # site: from now
+    assert resolved.reproduce == source.run_id
+    assert "optim.lr=0.002" in overrides and "train.steps=6" in overrides
+    assert not any(o.startswith(("tracking.uri=", "run.out_dir=" + str(store["out"]))) for o in overrides)
+
+
+def test_new_run_is_tagged_reproduced_from(source, store):
+    composed, resolved, overrides = recompose(source.run_id, [f"tracking.uri={store['uri']}",
+                                                               f"run.out_dir={store['out']}"])
+    made = record.create(composed, resolved, overrides)
+    run = MlflowClient(store["uri"]).get_run(made.run_id)
+    assert run.data.tags["reproduced_from"] == source.run_id
+    assert run.data.tags["config_hash"] == MlflowClient(store["uri"]).get_run(source.run_id).data.tags["config_hash"]
+
+
+def test_conf_edits_since_the_run_do_not_leak_in(source, caplog):
+    def widen_capacity(tree):
+        tree["model"]["capacity_factor"] = 2.0   # the saved run used 2.0; conf/ now says 1.25
+    edited = _edit_saved(source, widen_capacity)
+    with caplog.at_level(logging.WARNING, logger="marin.track"):
+        _, resolved, _ = recompose(str(edited), [])
+    assert resolved.model.capacity_factor == 2.0
+    assert any("model.capacity_factor" in r.message for r in caplog.records)
+
+
+def test_incompatible_schema_names_the_fields(source):
+    def old_schema(tree):
+        tree["schema_version"] = 0
+        tree["model"]["moe_every"] = 1
+        del tree["model"]["latent_dim"]
+    with pytest.raises(ReproduceError, match=r"schema_version 0 .* reads 1.*model\.moe_every.*model\.latent_dim"):
+        recompose(str(_edit_saved(source, old_schema)), [])
+
+
+def test_target_outside_allow_list_is_refused(source):
+    def target(tree):
+        tree["optim"]["_target_"] = "os.system"
+    with pytest.raises(ReproduceError, match="optim._target_=os.system is not allowed"):
+        recompose(str(_edit_saved(source, target)), [])
+
+
+def test_override_that_does_not_apply(source):
+    with pytest.raises(ReproduceError, match="overrides do not apply to the saved config: .*lrr"):
+        recompose(str(source.run_dir), ["optim.lrr=1"])
+
+
+def test_launch_reproduce_errors_exit_2(source, tmp_path):
+    cmd = [sys.executable, "launch.py", f"reproduce={tmp_path / 'missing'}", "dry_run=true"]
+    done = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"error: reproduce: {tmp_path / 'missing'}: no such run directory"
+
+
+def test_launch_reproduce_dry_run(source):
+    cmd = [sys.executable, "launch.py", f"reproduce={source.run_dir}", "dry_run=json", "train.steps=8"]
+    done = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"steps": 8' in done.stdout.replace(" ", "").replace('"steps":8', '"steps": 8')
+
+
+def test_diff_lists_differing_leaves(source, store, capsys):
+    site = [f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}"]
+    composed, resolved, overrides = recompose(str(source.run_dir), ["optim.lr=0.004", "model.num_layers=3", *site])
+    other = record.create(composed, resolved, overrides)
+    rows = {key: (a, b, derived) for key, a, b, derived in diff.differences(source, other)}
+    assert rows["optim.lr"] == (0.002, 0.004, False)
+    assert rows["model.num_layers"] == (2, 3, False)
+    assert not any(k.startswith("run.") for k in rows)
+    assert diff.main([str(source.run_dir), other.run_id, "--tracking-uri", store["uri"]]) == 1
+    assert "optim.lr" in capsys.readouterr().out
+    assert diff.main([str(source.run_dir), str(source.run_dir)]) == 0
+    assert diff.main([str(source.run_dir), "/nope"]) == 2

@@ -1,0 +1,48 @@
+"""The training loop end to end on a tiny model: the loss falls, MLflow holds the run, a
+non-finite loss stops the run with a clear error."""
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.helpers import compose_dict
+from marin.config.validate import load
+
+TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
+        "train.eval_batches=1", "optim.lr=1e-2"]
+
+
+def start(tmp_path, *overrides):
+    from marin.track import record
+
+    composed, cfg = load(compose_dict(*TINY, f"run.out_dir={tmp_path}",
+                                      f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides))
+    return cfg, record.create(composed, cfg, list(overrides))
+
+
+def test_loss_falls_and_run_is_tracked(tmp_path):
+    from marin.train.loop import train
+
+    cfg, rec = start(tmp_path, "train.steps=40")
+    summary = train(cfg, rec)
+    client = MlflowClient(rec.tracking_uri)
+    losses = [m.value for m in sorted(client.get_metric_history(rec.run_id, "train/loss"), key=lambda m: m.step)]
+    assert len(losses) == 40
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    run = client.get_run(rec.run_id)
+    assert run.info.status == "FINISHED"
+    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss"):
+        assert name in run.data.metrics, name
+    assert any(k.startswith("eval/") and k.endswith("/loss") and k != "eval/macro_loss" for k in run.data.metrics)
+    assert run.data.params["model.d_model"] == str(cfg.model.d_model)
+    assert math.isfinite(summary["loss"])
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
+    from marin.train.loop import NonFiniteLoss, train
+
+    cfg, rec = start(tmp_path, "train.steps=5", "model.init_std=1e30")
+    with pytest.raises(NonFiniteLoss, match="non-finite loss"):
+        train(cfg, rec)
+    assert MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.status == "FAILED"
