@@ -48,10 +48,29 @@ def _describe(changes: dict) -> str:
     return "; ".join(f"{k}: {v[0]} → {v[1]}" for k, v in changes.items())
 
 
+def _recompose(source, overrides: list[str], previous: dict):
+    """(composed, resolved, changes against `previous`) of the run with `overrides`."""
+    from marin.config.validate import ConfigError
+    from marin.launch.entry import fail
+    from marin.track import record
+    from marin.track.reproduce import ReproduceError, recompose
+
+    try:
+        composed, resolved, _ = recompose(str(source.run_dir), overrides)
+    except ReproduceError as err:
+        fail(f"resume: {err}")
+    except ConfigError as err:
+        fail("resume: invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+    for cfg in (composed, resolved):  # a continuation, not a reproduction
+        cfg.reproduce = None
+        cfg.tracking.uri = source.tracking_uri
+    return composed, resolved, changes_between(previous, record.config_dict(resolved))
+
+
 def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
     from marin.launch.entry import fail
     from marin.track import backend, record
-    from marin.track.reproduce import ReproduceError, recompose, _lookup_uri, _out_dir
+    from marin.track.reproduce import _lookup_uri, _out_dir
     from marin.train.checkpoint import checkpoint_dir
 
     new = [o for o in command_overrides if _key(o) != "resume"]
@@ -62,20 +81,21 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         fail(f"resume: {err}")
     earlier = source.info().get("resumes") or []
     carried = _last_per_key([o for r in earlier for o in r.get("overrides", [])] + new)
-    try:
-        composed, resolved, _ = recompose(str(source.run_dir), carried)
-    except ReproduceError as err:
-        fail(f"resume: {err}")
-    for cfg in (composed, resolved):  # a continuation, not a reproduction
-        cfg.reproduce = None
-        cfg.tracking.uri = source.tracking_uri
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     previous = record.config_dict(OmegaConf.load(source.run_dir / base))
-    changes = changes_between(previous, record.config_dict(resolved))
     steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())
+    composed, resolved, changes = _recompose(source, carried, previous)
+    if ("schedule.horizon_steps" in changes and steps
+            and not any(_key(o) == "schedule.horizon_from_step" for o in carried)):
+        # The failure plan: the lr follows the original decay up to the checkpoint, then decays
+        # to the new last step (marin/optim/schedule.py); the mixture's phases follow the horizon.
+        carried.append(f"schedule.horizon_from_step={steps[-1]}")
+        new.append(carried[-1])
+        composed, resolved, changes = _recompose(source, carried, previous)
     print(f"resuming run {source.run_id} in {source.run_dir}\n  newest checkpoint: "
           f"{('step ' + str(steps[-1])) if steps else 'none (starts from step 0)'}"
-          + (f"\n  changes: {_describe(changes)}" if changes else ""), flush=True)
+          + (f"\n  changes: {_describe(changes)}" if changes else ""),
+          file=sys.stderr if dry_run == "json" else sys.stdout, flush=True)  # json: stdout is the plan
     if dry_run:
         from marin.launch.plan import print_plan
 

@@ -37,6 +37,11 @@ def tracking_uri(cfg: Config) -> str:
     return "sqlite:///" + str(out_dir(cfg) / "mlflow" / "mlflow.db")
 
 
+def default_uri() -> str:
+    """The tracking URI when no config is at hand: $MLFLOW_TRACKING_URI or the project's store."""
+    return tracking_uri(Config())
+
+
 def experiment_name(cfg: Config) -> str:
     return cfg.tracking.experiment or cfg.run.experiment or "default"
 

@@ -14,6 +14,8 @@ deletes the MLflow run. Secret-looking names (token, key, password, secret…) a
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -32,7 +34,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from marin.config.schema import Config
+from marin.config.schema import Config, RunConfig
 from marin.config.store import PROJECT_ROOT
 from marin.track import backend
 
@@ -79,7 +81,7 @@ def config_dict(cfg: Config | DictConfig) -> dict:
     """A plain dict of a config dataclass or DictConfig (no interpolation left)."""
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True)
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    return dataclasses.asdict(cfg)  # the same tree, without OmegaConf's (slow) node building
 
 
 def flatten(tree, prefix: str = "") -> dict:
@@ -131,6 +133,7 @@ def git_state() -> tuple[dict, str]:
     return {"commit": commit, "dirty": bool(status.strip()), "untracked": untracked}, diff
 
 
+@functools.lru_cache(maxsize=1)  # reading every package's metadata takes a good fraction of a second
 def package_versions() -> dict[str, str]:
     versions = {}
     for dist in importlib.metadata.distributions():
@@ -293,24 +296,21 @@ def _discard(client, run_id: str) -> None:
 
 # ---------------------------------------------------------------------------- open
 
-def default_tracking_uri() -> str:
-    return backend.tracking_uri(Config())
-
-
 def open(ref: str | os.PathLike, tracking_uri: str | None = None, out_dir: Path | None = None) -> RunRecord:  # noqa: A001
     """The record of a run directory (a path, or a name under <out_dir>/runs/) or an MLflow run id.
 
-    A run id is looked up in `tracking_uri` (default: $MLFLOW_TRACKING_URI or the project's sqlite
-    store); its `run_dir` tag names the directory.
+    A run id is looked up in `tracking_uri` (default: $MLFLOW_TRACKING_URI, else the sqlite store
+    under `out_dir`, by default the project's); its `run_dir` tag names the directory.
     """
     ref = str(ref)
-    runs = (out_dir or backend.out_dir(Config())) / "runs"
+    site = Config(run=RunConfig(out_dir=str(out_dir))) if out_dir else Config()
+    runs = backend.out_dir(site) / "runs"
     for candidate in (Path(ref).expanduser(), runs / ref):
         if candidate.is_dir():
             return _from_dir(candidate.resolve(), tracking_uri)
     if Path(ref).suffix or "/" in ref:
         raise RecordError(f"{ref}: no such run directory")
-    uri = tracking_uri or default_tracking_uri()
+    uri = tracking_uri or backend.tracking_uri(site)
     if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
         raise RecordError(f"{ref}: no such run directory, and no MLflow store at {uri} to look it up in")
     try:

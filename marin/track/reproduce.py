@@ -92,7 +92,8 @@ def _unflatten(flat: dict) -> dict:
         *parents, last = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[last] = value
+        if not (value == {} and isinstance(node.get(last), dict)):  # an empty dict leaf adds nothing
+            node[last] = value
     return tree
 
 
@@ -177,9 +178,12 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     for key in NOT_INHERITED:
         if not any(_key(o) == key for o in new):
             merged[key] = None
-    for key, value in list(merged.items()):
+    for key, value in list(merged.items()):  # secrets were never saved: this environment's, if any
         if value == backend.REDACTED:
-            merged[key] = wanted.get(key)
+            if key in wanted:
+                merged[key] = wanted[key]
+            else:
+                del merged[key]
     merged["reproduce"] = source.run_id  # tagged reproduced_from by record.create
     _warn_provenance(source.info())
 

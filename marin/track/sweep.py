@@ -37,6 +37,10 @@ class SweepError(backend.TrackingUnavailable):
     TrackingUnavailable, so launchers that report that one before submitting report this too."""
 
 
+class SweepNotFound(LookupError):
+    """Not a sweep directory, or not the parent run of a sweep."""
+
+
 def _hydra():
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -195,3 +199,26 @@ def close_if_done(client, parent_id: str) -> str | None:
     status = "FINISHED" if all(k.info.status == "FINISHED" for k in kids) else "FAILED"
     client.set_terminated(parent_id, status)
     return status
+
+
+def open_parent(ref: str, tracking_uri: str | None = None):
+    """(client, parent run) of a sweep directory (its sweep.json) or a parent run id. The store is
+    `tracking_uri`, else the sweep directory's, $MLFLOW_TRACKING_URI or the project's."""
+    folder = Path(ref).expanduser()
+    if (folder / "sweep.json").is_file():
+        info = json.loads((folder / "sweep.json").read_text())
+        ref, tracking_uri = info["parent_run_id"], tracking_uri or info["tracking_uri"]
+    elif "/" in ref or folder.exists():
+        raise SweepNotFound(f"{ref}: not a sweep directory (no sweep.json)")
+    uri = tracking_uri or backend.default_uri()
+    if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
+        raise SweepNotFound(f"{ref}: no MLflow store at {uri}")
+    backend.check_reachable(uri)
+    client = backend.client(uri)
+    try:
+        parent = client.get_run(ref)
+    except Exception as err:
+        raise SweepNotFound(f"{ref}: no such run in {backend.safe_uri(uri)} ({str(err).splitlines()[0]})") from None
+    if parent.data.tags.get("sweep_role") != PARENT:
+        raise SweepNotFound(f"{ref}: not the parent run of a sweep")
+    return client, parent

@@ -24,12 +24,19 @@ class NonFiniteLoss(RuntimeError):
 
 
 def run_local(composed, resolved, overrides) -> dict:
+    from marin.data.loader import Loader
+    from marin.data.prepare import UnreadableSource
     from marin.track import record as run_record
 
+    try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
+        loader = Loader(resolved)
+    except (UnreadableSource, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     rec = run_record.create(composed, resolved, overrides)
     print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
     try:
-        return train(resolved, rec)
+        return train(resolved, rec, loader)
     except NonFiniteLoss as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
@@ -47,25 +54,26 @@ def enable_compilation_cache(cfg) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def train(cfg, rec) -> dict:
+def train(cfg, rec, loader=None) -> dict:
     import jax
     import numpy as np
 
     enable_compilation_cache(cfg)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
     from marin.data.loader import Loader
     from marin.launch.mesh import make_mesh
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
     from marin.track.tracker import Tracker
     from marin.train import preempt
-    from marin.train.checkpoint import Checkpointer
+    from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
     from marin.train.step import make_eval_step, make_train_step
 
     process = jax.process_index()
     tracker = Tracker(rec, process_index=process)
     mesh = make_mesh(cfg)
-    loader = Loader(cfg, process_index=process, process_count=jax.process_count())
+    loader = loader or Loader(cfg, process_index=process, process_count=jax.process_count())
     tx = build_optimizer(cfg)
 
     abstract = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
@@ -75,9 +83,15 @@ def train(cfg, rec) -> dict:
         state = jax.jit(lambda k: init_state(cfg, tx, k), out_shardings=shardings)(
             jax.random.key(cfg.train.seed))
     ckpt = Checkpointer(rec.run_dir, cfg)
-    if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state)
+    if ckpt.latest_step() is not None:  # a requeued or resumed run
+        state, saved = ckpt.restore(state)
+        loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
         log.info("resumed from step %d (%s)", int(state.step), rec.run_dir)
+    elif cfg.train.init_from:  # a stage continuing another run (context extension)
+        state, saved = restore_from(cfg.train.init_from, state)
+        loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
+        log.info("initialised from %s at step %d", cfg.train.init_from, int(state.step))
+    preempt.install(cfg.hardware.max_requeues)
 
     train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
                          out_shardings=(shardings, None), donate_argnums=0)
@@ -94,11 +108,14 @@ def train(cfg, rec) -> dict:
     flops_per_step = 3 * accounting.flops_per_token(cfg) * tokens_per_step
     peak = cfg.hardware.peak_flops_per_device * jax.device_count()
     eval_every = cfg.train.eval_every
-    tracker.set_tags({"jax_version": jax.__version__, "backend": jax.default_backend(),
-                      "devices": f"{jax.device_count()} × {jax.devices()[0].device_kind}",
-                      "processes": str(jax.process_count())})
+    tracker.log_device_info()
+
+    def meta(step: int) -> dict:
+        """What a checkpoint carries besides the state (the data position is the step itself)."""
+        return {"mlflow_run_id": rec.run_id, "tokens_seen": loader.tokens_seen(step)}
 
     def evaluate(step: int) -> dict:
+        tracker.log_metrics({f"data/tokens/{k}": v for k, v in loader.tokens_seen(step).items()}, step)
         losses = {}
         for name, batches in loader.eval_batches().items():
             values = [float(eval_step(state, to_global(b))) for b in batches]
@@ -132,7 +149,7 @@ def train(cfg, rec) -> dict:
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 
-    status = "FAILED"
+    status = "FAILED"  # what MLflow records if the loop raises
     try:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
@@ -147,24 +164,28 @@ def train(cfg, rec) -> dict:
                 pending, last_time = None, time.perf_counter()
                 summary.update(evaluate(step + 1))
                 last_time = time.perf_counter()
-            ckpt.save(step + 1, state, {"mlflow_run_id": rec.run_id})
+            if ckpt.should_save(step + 1):
+                ckpt.save(step + 1, state, meta(step + 1))
             if preempt.requested():
-                log.warning("preemption signal: checkpointing at step %d and requeueing", step + 1)
-                ckpt.save(step + 1, state, {"mlflow_run_id": rec.run_id}, force=True)
+                log.warning("preemption signal: checkpointing at step %d", step + 1)
+                if pending is not None:
+                    record_step(*pending, time.perf_counter() - last_time)
+                ckpt.save(step + 1, state, meta(step + 1), force=True)
                 ckpt.wait()
-                status = "RUNNING"
-                preempt.requeue()
+                tracker.flush(force=True)
+                status = None  # the MLflow run stays open for the requeued job (or resume=)
+                preempt.requeue()  # under Slurm: requeues and exits; otherwise returns
                 return summary
         if pending is not None:
             record_step(pending[0], pending[1], time.perf_counter() - last_time)
         summary.update(evaluate(stop))
-        ckpt.save(stop, state, {"mlflow_run_id": rec.run_id}, force=True)
+        ckpt.save(stop, state, meta(stop), force=True)
         ckpt.wait()
-        status = "FINISHED" if stop == total else "KILLED"
+        status = "FINISHED"
         return summary
     finally:
         progress.close()
-        if status != "RUNNING":
+        if status is not None:
             tracker.finish(status)
 
 

@@ -113,7 +113,8 @@ def requeue(max_requeues: int | None = None) -> bool:
 def _exit(code: int) -> None:
     """Leave without a submitit result file: SystemExit is not an Exception, so submitit writes
     neither a result nor an error, and `job.result()` waits for the requeued run."""
-    logging.shutdown()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     raise SystemExit(code)

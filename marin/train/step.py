@@ -54,7 +54,7 @@ def make_train_step(cfg, tx, mesh):
         params = optax.apply_updates(state.params, updates)
         router_state = routers.next_router_state(state.router_state, metrics["router"], cfg)
         out = {k: metrics[k] for k in SCALARS if k in metrics}
-        out["grad_norm"] = optax.global_norm(grads)
+        out["grad_norm"] = optax.tree.norm(grads)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                                   router_state=router_state)
         return new_state, out

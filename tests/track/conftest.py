@@ -21,3 +21,33 @@ def configure(store):
         composed, resolved = load(compose_dict(*overrides))
         return composed, resolved, overrides
     return make
+
+
+@pytest.fixture
+def multirun_job(store):
+    """make(num, *overrides) -> (composed, resolved, overrides) of job `num` of a multirun, with
+    HydraConfig set as Hydra's basic launcher sets it (mode MULTIRUN, hydra.job.num)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from marin.config.store import CONF_DIR, register
+
+    def make(num: int, *extra: str):
+        overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}",
+                     f"run.out_dir={store['out']}", *extra]
+        register()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.mode = RunMode.MULTIRUN
+            cfg.hydra.job.num = num
+        HydraConfig.instance().set_config(cfg)
+        task = cfg.copy()
+        with open_dict(task):
+            del task["hydra"]
+        return (*load(task), overrides)
+
+    yield make
+    HydraConfig.instance().cfg = None

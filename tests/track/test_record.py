@@ -102,3 +102,12 @@ def test_default_uri_is_absolute_sqlite_under_out_dir(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
     assert backend.tracking_uri(make_config("model=tiny")) == "http://example:5000"
     assert backend.tracking_uri(make_config("model=tiny", "tracking.uri=sqlite:////x.db")) == "sqlite:////x.db"
+
+
+def test_values_past_the_param_limit_go_to_an_artifact(configure, store):
+    long_value = "x" * 7000
+    rec = record.create(*configure("run.name=longparam", f"+hardware.env.LONG_FLAG={long_value}"))
+    client = MlflowClient(store["uri"])
+    assert "hardware.env.LONG_FLAG" not in client.get_run(rec.run_id).data.params
+    path = client.download_artifacts(rec.run_id, "record/long_params.json", str(rec.run_dir / "dl"))
+    assert json.loads(open(path).read())["hardware.env.LONG_FLAG"] == long_value

@@ -113,3 +113,19 @@ def test_diff_lists_differing_leaves(source, store, capsys):
     assert "optim.lr" in capsys.readouterr().out
     assert diff.main([str(source.run_dir), str(source.run_dir)]) == 0
     assert diff.main([str(source.run_dir), "/nope"]) == 2
+
+
+def test_warns_when_commit_or_packages_differ(source, caplog, tmp_path):
+    import json
+    import shutil
+
+    copy = tmp_path / "older"
+    shutil.copytree(source.run_dir, copy)
+    info = json.loads((copy / "record.json").read_text())
+    info["git"]["commit"] = "0" * 40
+    info["packages"]["jax"] = "0.0.1"
+    (copy / "record.json").write_text(json.dumps(info))
+    with caplog.at_level(logging.WARNING, logger="marin.track"):
+        recompose(str(copy), [])
+    messages = " ".join(r.message for r in caplog.records)
+    assert "git commit 000000000000" in messages and "jax 0.0.1 →" in messages

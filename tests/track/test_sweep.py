@@ -1,56 +1,26 @@
 """Sweeps in MLflow: one parent per launch, a child per job, the parent closed by the last job.
-
-Hydra's multirun is simulated in-process the way Hydra's basic launcher runs it: each job's
-config (with its `hydra` node, mode MULTIRUN and job.num) is set as the current HydraConfig.
-"""
+(`multirun_job` runs a job's record creation as Hydra's basic launcher would: see conftest.)"""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from mlflow import MlflowClient
-from omegaconf import open_dict
 
-from marin.config.store import CONF_DIR, PROJECT_ROOT, register
-from marin.config.validate import load
+from marin.config.store import PROJECT_ROOT
 from marin.track import record, sweep, tracker
 
 
-def _job(store, num: int, *overrides: str):
-    """(composed, resolved, overrides) of multirun job `num`, with HydraConfig set as Hydra does."""
-    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
-                 *overrides]
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.mode = RunMode.MULTIRUN
-        cfg.hydra.job.num = num
-    HydraConfig.instance().set_config(cfg)
-    task = cfg.copy()
-    with open_dict(task):
-        del task["hydra"]
-    return (*load(task), overrides)
-
-
-@pytest.fixture(autouse=True)
-def clear_hydra():
-    yield
-    HydraConfig.instance().cfg = None
-
-
-def _launch(store, monkeypatch, lrs):
+def _launch(multirun_job, monkeypatch, lrs):
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid", "model=tiny"])
-    return [record.create(*_job(store, i, "sweep=lr_grid", f"optim.lr={lr}")) for i, lr in enumerate(lrs)]
+    return [record.create(*multirun_job(i, "sweep=lr_grid", f"optim.lr={lr}")) for i, lr in enumerate(lrs)]
 
 
-def test_one_parent_per_launch_and_a_child_per_job(store, monkeypatch):
+def test_one_parent_per_launch_and_a_child_per_job(store, multirun_job, monkeypatch):
     lrs = [0.001, 0.003, 0.01, 0.03]
-    first = _launch(store, monkeypatch, lrs)
-    second = _launch(store, monkeypatch, lrs[:1])
+    first = _launch(multirun_job, monkeypatch, lrs)
+    second = _launch(multirun_job, monkeypatch, lrs[:1])
     client = MlflowClient(store["uri"])
     runs = [client.get_run(r.run_id) for r in first]
     parent_ids = {r.data.tags["mlflow.parentRunId"] for r in runs}
@@ -62,9 +32,9 @@ def test_one_parent_per_launch_and_a_child_per_job(store, monkeypatch):
     assert client.get_run(second[0].run_id).data.tags["mlflow.parentRunId"] != parent.info.run_id  # new launch
 
     sweep_dir = runs[0].data.tags["sweep_dir"]
-    info = json.loads((PROJECT_ROOT / sweep_dir / "sweep.json").read_text())
+    info = json.loads((Path(sweep_dir) / "sweep.json").read_text())
     assert info["parent_run_id"] == parent.info.run_id
-    assert len((PROJECT_ROOT / sweep_dir / "jobs.jsonl").read_text().splitlines()) == 4
+    assert len((Path(sweep_dir) / "jobs.jsonl").read_text().splitlines()) == 4
 
     for i, rec in enumerate(first):   # the parent ends with its last job
         assert client.get_run(parent.info.run_id).info.status == "RUNNING"
@@ -72,18 +42,18 @@ def test_one_parent_per_launch_and_a_child_per_job(store, monkeypatch):
     assert client.get_run(parent.info.run_id).info.status == "FAILED"
 
 
-def test_explicit_sweep_id_joins_an_existing_parent(store, monkeypatch):
+def test_explicit_sweep_id_joins_an_existing_parent(store, multirun_job, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["launch.py"])
-    a = record.create(*_job(store, 0, "sweep=capacity_factor", "run.sweep_id=joined"))
-    b = record.create(*_job(store, 0, "sweep=capacity_factor", "run.sweep_id=joined"))
+    a = record.create(*multirun_job(0, "sweep=capacity_factor", "run.sweep_id=joined"))
+    b = record.create(*multirun_job(0, "sweep=capacity_factor", "run.sweep_id=joined"))
     client = MlflowClient(store["uri"])
     parents = {client.get_run(r.run_id).data.tags["mlflow.parentRunId"] for r in (a, b)}
     assert len(parents) == 1
 
 
-def test_sqlite_store_refused_for_a_slurm_sweep(store, monkeypatch):
+def test_sqlite_store_refused_for_a_slurm_sweep(store, multirun_job, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
-    job = _job(store, 0, "sweep=lr_grid", "hardware=slurm_cpu", "run.name=sqlite-slurm")
+    job = multirun_job(0, "sweep=lr_grid", "hardware=slurm_cpu", "run.name=sqlite-slurm")
     with pytest.raises(sweep.SweepError, match="one writer at a time.*tracking.uri=http"):
         record.create(*job)
     assert not list(store["out"].glob("runs/sqlite-slurm-*"))
@@ -105,7 +75,8 @@ def test_every_sweep_composes_as_a_dry_run():
     assert len(plans) == 4
     done = _launch_py("-m", "sweep=ladder_cpu", "dry_run=true")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [l.split()[-4] for l in done.stdout.splitlines() if "width × layers" in l] == ["64", "96", "128"]
+    shapes = [line.split("layers")[1].split("(")[0].strip() for line in done.stdout.splitlines() if "width × layers" in line]
+    assert shapes == ["64 × 2", "96 × 3", "128 × 4"]
 
 
 def test_sweep_typos_fail_before_any_job():

@@ -1,0 +1,33 @@
+"""Cheap stand-ins for the training loop inside Slurm tasks (MARIN_SLURM_ENTRY=module:function):
+they exercise the launch path — environment, distributed init, mesh, sharding — in seconds."""
+import json
+import os
+
+
+def probe(cfg, rec):
+    """Each process writes what it sees to <run_dir>/probe-<process>.json."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from marin.launch.mesh import make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import init_state, state_sharding
+
+    mesh = make_mesh(cfg)
+    tx = build_optimizer(cfg)
+    abstract = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
+    shardings = state_sharding(cfg, abstract, mesh)
+    w_up = abstract.params["layers"]["moe"]["w_up"]
+    local_shape = shardings.params["layers"]["moe"]["w_up"].shard_shape(w_up.shape)
+    total = multihost_utils.process_allgather(np.array([jax.process_index()]))  # a real collective
+    seen = {
+        "process_index": jax.process_index(), "process_count": jax.process_count(),
+        "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
+        "mesh": dict(mesh.shape), "experts": int(w_up.shape[1]), "experts_here": int(local_shape[1]),
+        "gathered": [int(x) for x in np.ravel(total)],
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "XLA_", "JAX_PLATFORMS", "MARIN_"))},
+    }
+    path = rec.run_dir / f"probe-{jax.process_index()}.json"
+    path.write_text(json.dumps(seen, indent=1))
+    return seen

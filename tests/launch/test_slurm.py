@@ -1,0 +1,155 @@
+"""On the local Slurm cluster (scripts/services_up.sh): the launch path with a cheap probe in each
+task, a multirun as one job array, a 2-process training job that logs one MLflow run, and a
+preempted job that requeues and finishes with exactly the losses of an uninterrupted one."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
+# 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
+TRAIN = ["hardware=slurm_cpu", "model=tiny", "train.steps=24", "train.seq_len=32", "train.global_batch=4",
+         "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4"]
+
+
+def env_with(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "MARIN_SLURM_ENTRY"}
+    env.update(extra or {})
+    return env
+
+
+def launch(*args: str, extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env_with(extra_env))
+
+
+def field(text: str, name: str) -> str:
+    match = re.search(rf"^{name}: (\S+)", text, re.M)
+    assert match, f"no '{name}:' line in:\n{text}"
+    return match.group(1)
+
+
+def sacct_state(job_id: str) -> str:
+    done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    lines = done.stdout.split()
+    return lines[-1] if lines else "UNKNOWN"
+
+
+def wait_for_job(job_id: str, timeout: float = 420) -> str:
+    end = time.time() + timeout
+    while time.time() < end:
+        state = sacct_state(job_id)
+        if state.split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
+            return state
+        time.sleep(2)
+    subprocess.run(["scancel", job_id])
+    pytest.fail(f"job {job_id} still {sacct_state(job_id)} after {timeout} s")
+
+
+def losses(uri: str, run_id: str) -> dict[int, float]:
+    from mlflow import MlflowClient
+
+    return {m.step: m.value for m in MlflowClient(uri).get_metric_history(run_id, "train/loss")}
+
+
+def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables(tmp_path, tracking_uri):
+    outer = {**PROBE, "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "5", "SLURM_OUTER_MARKER": "leaked"}
+    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
+                  f"tracking.uri={tracking_uri}", extra_env=outer)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = Path(field(done.stdout, "run directory"))
+    assert field(done.stdout, "slurm job").isdigit() and field(done.stdout, "mlflow run")
+    seen = [json.loads((run_dir / f"probe-{i}.json").read_text()) for i in (0, 1)]
+    for i, s in enumerate(seen):
+        assert (s["process_index"], s["process_count"], s["device_count"]) == (i, 2, 2)
+        assert s["mesh"] == {"replica_dcn": 1, "data": 1, "expert": 2, "model": 1}
+        assert s["experts_here"] * 2 == s["experts"]          # each process holds half of the experts
+        assert s["gathered"] == [0, 1]                         # a cross-process collective worked
+        assert s["env"]["SLURM_NTASKS"] == "2" and s["env"]["SLURM_JOB_ID"] != "999999"
+        assert "SLURM_OUTER_MARKER" not in s["env"]
+        assert s["env"]["JAX_PLATFORMS"] == "cpu"              # the hardware's environment
+
+
+def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
+    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "model=tiny", "optim.lr=0.001,0.003",
+                  f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}", extra_env=PROBE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    array = re.search(r"slurm array (\d+): 2 jobs", done.stdout)
+    assert array, done.stdout
+    jobs = re.findall(r"job (\d+_\d+)\s+run (\w+)\s+(\S+)", done.stdout)
+    assert [j[0] for j in jobs] == [f"{array.group(1)}_0", f"{array.group(1)}_1"]
+    for job_id, _, run_dir in jobs:
+        assert wait_for_job(job_id).startswith("COMPLETED")
+        assert json.loads((Path(run_dir) / "probe-1.json").read_text())["process_count"] == 2
+    from omegaconf import OmegaConf
+
+    assert sorted(OmegaConf.load(Path(d) / "resolved.yaml").optim.lr for _, _, d in jobs) == [0.001, 0.003]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, tracking_uri):
+    """The same training, once straight through (`wait=true`, from the command line) and once
+    preempted after its first checkpoint; both run on the cluster at the same time."""
+    out = tmp_path_factory.mktemp("slurm-train")
+    common = [*TRAIN, f"run.out_dir={out}", f"tracking.uri={tracking_uri}"]
+    preempted = launch(*common, "run.name=preempted")
+    assert preempted.returncode == 0, preempted.stdout + preempted.stderr
+    job_id, run_dir = field(preempted.stdout, "slurm job"), Path(field(preempted.stdout, "run directory"))
+    straight = subprocess.Popen([sys.executable, "launch.py", *common, "run.name=straight", "wait=true"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with())
+    try:
+        end = time.time() + 400
+        while not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
+            assert time.time() < end, f"no checkpoint from job {job_id} ({sacct_state(job_id)})"
+            assert sacct_state(job_id).split()[0] in ("PENDING", "RUNNING", "UNKNOWN"), sacct_state(job_id)
+            time.sleep(1)
+        # what Slurm does to a preempted job (and submitit's job._interrupt()): TERM, then USR2
+        for sig in ("TERM", "USR2"):
+            subprocess.run(["scancel", "--signal", sig, job_id], check=True)
+        stdout, stderr = straight.communicate(timeout=420)
+    finally:
+        if straight.poll() is None:
+            straight.kill()
+    final = wait_for_job(job_id)
+    return {"straight": (straight.returncode, stdout, stderr), "preempted": (job_id, run_dir, preempted.stdout, final),
+            "uri": tracking_uri}
+
+
+def test_two_process_job_trains_and_logs_one_mlflow_run(two_runs):
+    from mlflow import MlflowClient
+
+    code, stdout, stderr = two_runs["straight"]
+    assert code == 0, stdout + stderr[-3000:]
+    run_dir, run_id = Path(field(stdout, "run directory")), field(stdout, "mlflow run")
+    client = MlflowClient(two_runs["uri"])
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags.get("jax.process_count") == "2"
+    same_dir = client.search_runs([run.info.experiment_id], f"tags.run_dir = '{run_dir}'")
+    assert [r.info.run_id for r in same_dir] == [run_id]   # one MLflow run for both processes
+    assert sorted(losses(two_runs["uri"], run_id)) == list(range(24))
+    final = run_dir / "checkpoints" / "24" / "state"
+    assert (final / "ocdbt.process_0").is_dir() and (final / "ocdbt.process_1").is_dir()  # both wrote
+
+
+def test_preempted_job_requeues_and_finishes_with_the_same_losses(two_runs):
+    job_id, run_dir, stdout, final = two_runs["preempted"]
+    assert final.startswith("COMPLETED"), final
+    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert re.search(r"Restarts=[1-9]", show), show
+    logs = "".join(p.read_text() for p in (run_dir / "slurm").glob("*_0_log.err"))
+    assert "requeued Slurm job" in logs or "requeue" in logs
+    code, straight_stdout, _ = two_runs["straight"]
+    assert code == 0
+    reference = losses(two_runs["uri"], field(straight_stdout, "mlflow run"))
+    resumed = losses(two_runs["uri"], field(stdout, "mlflow run"))
+    assert sorted(resumed) == sorted(reference) == list(range(24))
+    assert resumed == reference        # bitwise: same floats at every step

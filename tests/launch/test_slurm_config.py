@@ -1,0 +1,132 @@
+"""The hardware group and the Slurm request, without a cluster: what each hardware asks for,
+the environment its processes get, mesh checks, and the bad inputs that must stop a launch
+before anything is created or submitted."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin.launch import slurm
+from marin.launch.distributed import check_gpu_install, process_environment
+from marin.launch.mesh import MeshError, check_mesh
+from tests.helpers import make_config
+
+ROOT = Path(__file__).resolve().parents[2]
+HERO = ["hardware=gb200_nvl72x11", "model=mochi", "attention=mochi_full", "router.top_k=8",
+        "train.global_batch=11264", "train.seq_len=4096", "train.steps=1000", "dry_run=true"]
+
+
+def launch(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180, env=env)
+
+
+@pytest.mark.parametrize("name", ["local_cpu", "local_cpu8", "slurm_cpu", "h200_node", "gb200_nvl72", "gb200_nvl72x11"])
+def test_every_hardware_composes(name):
+    model = {"h200_node": "model=small", "gb200_nvl72": "model=mochi", "gb200_nvl72x11": "model=mochi"}.get(name, "model=tiny")
+    batch = {"gb200_nvl72": "train.global_batch=1024", "gb200_nvl72x11": "train.global_batch=11264"}.get(name, "train.global_batch=16")
+    cfg = make_config(f"hardware={name}", model, batch, "dry_run=true")
+    assert cfg.hardware.name == name
+
+
+def test_slurm_cpu_is_two_one_cpu_tasks_on_the_default_partition():
+    cfg = make_config("hardware=slurm_cpu", "model=tiny")
+    p = slurm.slurm_parameters(cfg)
+    assert (p["nodes"], p["ntasks_per_node"], p["cpus_per_task"]) == (1, 2, 1)
+    assert not {"partition", "mem", "gpus_per_node", "account", "qos", "constraint"} & set(p)
+    assert cfg.hardware.mesh.expert == 2 and cfg.model.num_experts % 2 == 0
+
+
+def test_gpu_request_is_one_task_per_gpu_and_every_field_reaches_sbatch():
+    cfg = make_config("hardware=h200_node", "model=small", "hardware.partition=gpu", "hardware.account=lm",
+                      "hardware.qos=high", "hardware.constraint=h200", "hardware.mem_gb=900", "hardware.time_min=90")
+    p = slurm.slurm_parameters(cfg)
+    assert p["ntasks_per_node"] == p["gpus_per_node"] == 8
+    assert (p["partition"], p["account"], p["qos"], p["constraint"], p["mem"], p["time"]) == \
+        ("gpu", "lm", "high", "h200", "900GB", 90)
+    script = slurm.executor(cfg, ROOT / "outputs" / "tmp-never-written")._make_submission_file_text("cmd", "uid")
+    for flag in ("--gpus-per-node=8", "--ntasks-per-node=8", "--partition=gpu", "--account=lm", "--qos=high",
+                 "--constraint=h200", "--mem=900GB", "--time=90", "--signal=USR2@300"):
+        assert flag in script, flag
+    assert "export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in script
+    assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92" in script
+
+
+def test_hero_dry_run_describes_176_nodes_of_4_gpus():
+    text = slurm.describe(make_config(*HERO))
+    assert "176 nodes × 4 tasks = 704 processes (704 GPUs)" in text
+    assert "per node: 4 GPUs" in text and "time limit 1440 min" in text
+
+
+def test_hero_dry_run_from_the_command_line():
+    done = launch(*HERO)
+    assert done.returncode == 0, done.stderr
+    assert "176 nodes × 4 tasks" in done.stdout
+
+
+def test_forced_host_devices_reach_the_process_environment():
+    env = process_environment(make_config("hardware=local_cpu8", "model=tiny").hardware)
+    assert "--xla_force_host_platform_device_count=8" in env["XLA_FLAGS"]
+    assert int(env["PJRT_NPROC"]) >= 16  # else 8-device collectives abort on a 2-core machine
+
+
+def test_mesh_must_cover_the_devices_and_split_the_experts():
+    cfg = make_config("hardware=local_cpu8", "model=tiny")
+    check_mesh(cfg, 8)
+    with pytest.raises(MeshError, match="8 devices|but this job has 4 devices"):
+        check_mesh(cfg, 4)
+    cfg.hardware.mesh.expert, cfg.hardware.mesh.data = 8, 1
+    with pytest.raises(MeshError, match="does not divide model.num_experts = 4"):
+        check_mesh(cfg, 8)
+
+
+def test_config_rejects_a_mesh_that_is_not_the_device_count():
+    from marin.config.validate import ConfigError
+
+    with pytest.raises(ConfigError, match="hardware.mesh"):
+        make_config("hardware=slurm_cpu", "model=tiny", "hardware.mesh.data=2")
+    with pytest.raises(ConfigError, match="hardware.mesh.expert"):
+        make_config("hardware=slurm_cpu", "model=tiny", "model.num_experts=3", "router.top_k=1")
+
+
+def test_gpu_hardware_with_a_cpu_only_install_stops_before_anything_is_made(tmp_path):
+    cfg = make_config("hardware=h200_node", "model=small")
+    if check_gpu_install(cfg.hardware) is None:
+        pytest.skip("this Python has CUDA JAX")
+    done = launch("hardware=h200_node", "model=small", f"run.out_dir={tmp_path}",
+                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    assert done.returncode == 2
+    assert "CPU-only JAX" in done.stderr and "pip install" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unreachable_tracking_server_stops_before_submitting(tmp_path):
+    done = launch("hardware=slurm_cpu", "model=tiny", f"run.out_dir={tmp_path}", "tracking.uri=http://127.0.0.1:9")
+    assert done.returncode == 2
+    assert "not reachable" in done.stderr and "nothing was submitted" in done.stderr
+    assert "slurm job:" not in done.stdout
+    assert not list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else True
+
+
+def test_resume_of_a_run_that_does_not_exist(tmp_path):
+    done = launch(f"resume={tmp_path}/runs/nope", f"run.out_dir={tmp_path}")
+    assert done.returncode == 2
+    assert "resume:" in done.stderr and "no such run directory" in done.stderr
+    done = launch("resume=0123456789abcdef0123456789abcdef", f"run.out_dir={tmp_path}",
+                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    assert done.returncode == 2
+    assert "resume: 0123456789abcdef0123456789abcdef" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_submitted_job_gets_a_clean_environment(monkeypatch):
+    """submitit's clean_env hides the submitting shell's Slurm variables while sbatch runs."""
+    import os
+
+    import submitit
+
+    monkeypatch.setenv("SLURM_JOB_ID", "999")
+    monkeypatch.setenv("SLURM_NTASKS", "7")
+    with submitit.helpers.clean_env():
+        assert not [k for k in os.environ if k.startswith("SLURM_")]
+    assert os.environ["SLURM_JOB_ID"] == "999"

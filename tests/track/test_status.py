@@ -1,0 +1,56 @@
+"""python -m marin.status: jobs, Slurm reconciliation, closing the parent.
+
+Slurm's accounting is stood in for by a `sacct` script on PATH (the states are what matters
+here; the real cluster is exercised by the Slurm tests)."""
+import json
+import sys
+
+from mlflow import MlflowClient
+
+from marin import status
+from marin.track import record, tracker
+
+
+def _fake_sacct(tmp_path, monkeypatch, states: dict):
+    script = tmp_path / "bin" / "sacct"
+    script.parent.mkdir(exist_ok=True)
+    lines = "\\n".join(f"{job}|{state}" for job, state in states.items())
+    script.write_text(f"#!/bin/sh\nprintf '{lines}\\n'\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:{__import__('os').environ['PATH']}")
+
+
+def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=router_ablation"])
+    routers = ["qb", "softmax_aux", "bias_update"]
+    recs = [record.create(*multirun_job(i, "sweep=router_ablation", f"router={r}")) for i, r in enumerate(routers)]
+    client = MlflowClient(store["uri"])
+    done = tracker.Tracker(recs[0])
+    for step in range(3):
+        done.log_metrics({"train/loss": 4.0 - step}, step)
+    done.finish("FINISHED")
+    client.set_tag(recs[1].run_id, "slurm_job_id", "77_1")      # set by the Slurm launcher
+    record.update_info(recs[2], slurm_jobs=["77_2"])            # or kept in record.json
+    _fake_sacct(tmp_path, monkeypatch, {"77_1": "CANCELLED by 0", "77_2": "RUNNING"})
+
+    sweep_dir = client.get_run(recs[0].run_id).data.tags["sweep_dir"]
+    assert status.main([sweep_dir]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("router=")}
+    assert rows["router=qb"][1:4] == ["FINISHED", "-", "2"] and rows["router=qb"][4] == "2.0000"
+    assert rows["router=softmax_aux"][1:4] == ["FAILED", "77_1", "CANCELLED"]
+    assert rows["router=bias_update"][1:4] == ["RUNNING", "77_2", "RUNNING"]
+    assert client.get_run(recs[1].run_id).info.status == "FAILED"
+    parent_id = client.get_run(recs[0].run_id).data.tags["mlflow.parentRunId"]
+    assert client.get_run(parent_id).info.status == "RUNNING"
+
+    _fake_sacct(tmp_path, monkeypatch, {"77_1": "CANCELLED", "77_2": "TIMEOUT"})
+    assert status.main([parent_id, "--tracking-uri", store["uri"]]) == 0
+    assert "parent run closed FAILED" in capsys.readouterr().out
+    assert client.get_run(parent_id).info.status == "FAILED"
+
+
+def test_status_errors(store, tmp_path, capsys):
+    assert status.main([str(tmp_path)]) == 2
+    assert "not a sweep directory" in capsys.readouterr().err
+    assert status.main(["0123456789abcdef0123456789abcdef", "--tracking-uri", store["uri"]]) == 2
