@@ -82,8 +82,6 @@ class MarinLauncher(Launcher):
 
     # ------------------------------------------------------------------ Slurm
     def _submit_array(self, jobs) -> list[tuple[int, JobReturn]]:
-        import submitit
-
         from marin.config.validate import ConfigError, load
         from marin.launch import slurm
         from marin.launch.distributed import check_gpu_install
@@ -123,7 +121,7 @@ class MarinLauncher(Launcher):
             ex = slurm.executor(first, folder)
             ex.update_parameters(array_parallelism=self.array_parallelism,
                                  job_name=f"marin-{first.run.sweep or first.run.name}")
-            with submitit.helpers.clean_env(), ex.batch():
+            with slurm.clean_environment(), ex.batch():
                 pending = [ex.submit(slurm.TrainJob(slurm.config_yaml(loaded[i][3]), slurm.record_fields(records[i]), slurm.entry()))
                            for i in members]
             for i, job in zip(members, pending):

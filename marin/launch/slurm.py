@@ -32,6 +32,10 @@ log = logging.getLogger("marin.slurm")
 
 DEFAULT_ENTRY = "marin.train.loop:train"   # what a task runs: entry(resolved_config, run_record)
 ENTRY_VARIABLE = "MARIN_SLURM_ENTRY"        # module:function to run instead (smoke tests of the launch path)
+# Besides SLURM_* (submitit's clean_env), variables of the submitting shell that would mislead the
+# job's processes: its GPU binding and a fixed JAX coordinator (two jobs on a node would collide).
+HIDDEN_FROM_JOBS = ("CUDA_VISIBLE_DEVICES", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_NUM_PROCESSES",
+                    "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS")
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
 
 
@@ -110,6 +114,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
     try:
         job = submit_record(composed, resolved, rec)
     except SubmitError as err:
+        _mark_unsubmitted(rec, str(err))
         fail(f"{err}\nthe run directory {rec.run_dir} and MLflow run {rec.run_id} were created; "
              f"submit again with resume={rec.run_dir}", code=1)
     if resolved.wait:
@@ -118,8 +123,28 @@ def submit(composed, resolved, overrides: list[str]) -> None:
             sys.exit(code)
 
 
+def _mark_unsubmitted(rec, reason: str) -> None:
+    """The MLflow run of a job that sbatch refused: FAILED, with the reason (resume= reopens it)."""
+    from marin.track import backend
+
+    try:
+        client = backend.client(rec.tracking_uri)
+        client.set_tag(rec.run_id, "submit_error", reason[:5000])
+        client.set_terminated(rec.run_id, "FAILED")
+    except Exception as err:  # the record stays as it is; the message already says what to do
+        log.warning("could not mark MLflow run %s as failed: %s", rec.run_id, err)
+
+
 def _job_label(rec) -> str:
-    return f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})"
+    from marin.track.backend import safe_uri
+
+    return f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({safe_uri(rec.tracking_uri)})"
+
+
+def clean_environment():
+    """While sbatch runs (it exports the submitting environment): no SLURM_* of an outer job,
+    nothing of `HIDDEN_FROM_JOBS`."""
+    return submitit.helpers.clean_env(HIDDEN_FROM_JOBS)
 
 
 def entry() -> str:
@@ -132,7 +157,7 @@ def submit_record(composed, resolved, rec):
     ex = executor(resolved, folder)
     task = TrainJob(config_yaml(composed), record_fields(rec), entry())
     try:
-        with submitit.helpers.clean_env():  # the submitting shell's SLURM_* must not reach the job
+        with clean_environment():
             job = ex.submit(task)
     except (submitit.core.utils.FailedJobError, OSError, subprocess.SubprocessError) as err:
         raise SubmitError(f"sbatch failed: {str(err).strip()}") from err

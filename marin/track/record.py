@@ -247,7 +247,7 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
         run_id = client.create_run(exp_id, tags=tags, run_name=run_dir.name).info.run_id
-        _log_params(client, run_id, resolved_tree, run_dir)
+        _log_params(client, run_id, resolved_tree)
         info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": exp_name,
                 "experiment_id": exp_id, "name": resolved.run.name, "config_hash": digest,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "schema_version": resolved.schema_version,
@@ -271,7 +271,7 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
     return RunRecord(run_dir, run_id, uri, exp_name)
 
 
-def _log_params(client, run_id: str, resolved_tree: dict, run_dir: Path) -> None:
+def _log_params(client, run_id: str, resolved_tree: dict) -> None:
     from mlflow.entities import Param
     from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 

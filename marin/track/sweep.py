@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -62,11 +63,9 @@ def sweep_name(cfg: Config) -> str | None:
 
 
 def sweep_id(cfg: Config) -> str:
-    if cfg.run.sweep_id:
-        return str(cfg.run.sweep_id)
-    for var in ("MARIN_SWEEP_ID", "SLURM_ARRAY_JOB_ID"):
-        if os.environ.get(var):
-            return os.environ[var]
+    explicit = cfg.run.sweep_id or os.environ.get("MARIN_SWEEP_ID") or os.environ.get("SLURM_ARRAY_JOB_ID")
+    if explicit:
+        return re.sub(r"[^\w.-]", "_", str(explicit))  # it goes into file names and MLflow filters
     hc = _hydra()
     if _job_num(hc) == 0 and _launch.get("job0") is not hc:  # job 0 of a new launch in this process
         _launch.update(id=uuid.uuid4().hex[:8], job0=hc)
@@ -83,8 +82,8 @@ def _job_num(hc) -> int | None:
 
 
 def check_tracking(cfg: Config, uri: str) -> None:
-    """A sqlite file takes one writer at a time; a Slurm sweep's jobs write at once."""
-    if sweep_name(cfg) and cfg.hardware.launcher == "slurm" and backend.is_sqlite(uri):
+    """A sqlite file takes one writer at a time; the jobs of a Slurm multirun write at once."""
+    if _is_multirun(_hydra()) and cfg.hardware.launcher == "slurm" and backend.is_sqlite(uri):
         raise SweepError(
             f"tracking store {uri} is a sqlite file, which takes one writer at a time, but a Slurm sweep "
             "runs its jobs in parallel: start an MLflow server (mlflow server --backend-store-uri "

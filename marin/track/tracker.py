@@ -34,11 +34,11 @@ class Tracker:
         if not self.enabled:
             return
         self._client = backend.client(record.tracking_uri)
-        self._pending: list = []          # mlflow Metric / RunTag objects not yet sent
+        self._pending: list = []          # mlflow Metric objects not yet sent
         self._pending_tags: dict = {}
         self._last_flush = time.monotonic()
         self._retry_at = 0.0
-        self._pause = flush_every_s
+        self._pause = self._first_pause = max(flush_every_s, 5.0)  # seconds before a retry; doubles
         self._outage = False
         self._warned_values = False
         self._call(lambda: self._client.update_run(record.run_id, status="RUNNING"))  # resumed runs reopen
@@ -111,17 +111,11 @@ class Tracker:
                 backend.check_reachable(self.record.tracking_uri, timeout=2.0)  # fail fast, not after retries
             self._send()
         except Exception as err:  # the store is away: keep everything, warn once, retry later
-            if not self._outage:
-                log.warning("tracking store %s does not answer (%s); training goes on, %d metrics kept "
-                            "and sent when it answers", backend.safe_uri(self.record.tracking_uri),
-                            str(err).splitlines()[0] if str(err) else type(err).__name__, len(self._pending))
-            self._outage = True
-            self._retry_at = time.monotonic() + self._pause
-            self._pause = min(self._pause * 2, 300.0)
+            self._away(err)
             return False
         if self._outage:
             log.info("tracking store answers again; buffered metrics sent")
-        self._outage, self._pause = False, self.flush_every_s
+        self._outage, self._pause = False, self._first_pause
         return True
 
     def _send(self) -> None:
@@ -138,15 +132,26 @@ class Tracker:
             self._client.log_batch(self.record.run_id, metrics=chunk)
             del self._pending[:len(chunk)]  # only what was sent
 
+    def _away(self, err: Exception) -> None:
+        if not self._outage:
+            log.warning("tracking store %s does not answer (%s); training goes on, metrics are kept "
+                        "and sent when it answers", backend.safe_uri(self.record.tracking_uri), _first_line(err))
+        self._outage = True
+        self._retry_at = time.monotonic() + self._pause
+        self._pause = min(self._pause * 2, 300.0)
+
     def _call(self, fn) -> bool:
+        """One immediate call (text, artifact, status); a failure is warned about, never raised."""
         try:
             if self.record.tracking_uri.startswith(("http://", "https://")):
                 backend.check_reachable(self.record.tracking_uri, timeout=2.0)
             fn()
             return True
+        except backend.TrackingUnavailable as err:
+            self._away(err)
         except Exception as err:
-            log.warning("tracking call failed (%s); continuing", str(err).splitlines()[0] if str(err) else err)
-            return False
+            log.warning("tracking call failed (%s); continuing", _first_line(err))
+        return False
 
     # ------------------------------------------------------------------ end
     def finish(self, status: str = "FINISHED") -> None:
@@ -186,6 +191,10 @@ class Tracker:
             self.finish("FINISHED")
         else:
             self.finish("KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def send_unsent(record: run_record.RunRecord) -> int:

@@ -26,8 +26,13 @@ def probe(cfg, rec):
         "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
         "mesh": dict(mesh.shape), "experts": int(w_up.shape[1]), "experts_here": int(local_shape[1]),
         "gathered": [int(x) for x in np.ravel(total)],
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "XLA_", "JAX_PLATFORMS", "MARIN_"))},
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "XLA_", "JAX_PLATFORMS", "MARIN_", "CUDA_VISIBLE"))},
     }
     path = rec.run_dir / f"probe-{jax.process_index()}.json"
     path.write_text(json.dumps(seen, indent=1))
     return seen
+
+
+def crash(cfg, rec):
+    """A task that fails: `wait=true` must exit non-zero with the task's error."""
+    raise RuntimeError(f"deliberate failure in {rec.run_id}")

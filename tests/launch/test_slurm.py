@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
-TRAIN = ["hardware=slurm_cpu", "model=tiny", "train.steps=24", "train.seq_len=32", "train.global_batch=4",
+STEPS = 32
+TRAIN = ["hardware=slurm_cpu", "model=tiny", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
          "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4"]
 
 
@@ -62,7 +63,8 @@ def losses(uri: str, run_id: str) -> dict[int, float]:
 
 
 def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables(tmp_path, tracking_uri):
-    outer = {**PROBE, "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "5", "SLURM_OUTER_MARKER": "leaked"}
+    outer = {**PROBE, "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "5", "SLURM_OUTER_MARKER": "leaked",
+             "CUDA_VISIBLE_DEVICES": "7"}
     done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}", extra_env=outer)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -75,8 +77,22 @@ def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables
         assert s["experts_here"] * 2 == s["experts"]          # each process holds half of the experts
         assert s["gathered"] == [0, 1]                         # a cross-process collective worked
         assert s["env"]["SLURM_NTASKS"] == "2" and s["env"]["SLURM_JOB_ID"] != "999999"
-        assert "SLURM_OUTER_MARKER" not in s["env"]
+        assert "SLURM_OUTER_MARKER" not in s["env"] and "CUDA_VISIBLE_DEVICES" not in s["env"]
         assert s["env"]["JAX_PLATFORMS"] == "cpu"              # the hardware's environment
+
+
+def test_wait_exits_with_the_jobs_failure(tmp_path, tracking_uri):
+    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
+                  f"tracking.uri={tracking_uri}", extra_env={"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:crash"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "deliberate failure" in done.stderr and "failed" in done.stderr
+
+
+def test_a_refused_submission_is_reported_and_resumable(tmp_path, tracking_uri):
+    done = launch("hardware=slurm_cpu", "model=tiny", "hardware.partition=no_such_partition", f"run.out_dir={tmp_path}",
+                  f"tracking.uri={tracking_uri}", extra_env=PROBE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "sbatch failed" in done.stderr and "resume=" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
@@ -111,7 +127,7 @@ def two_runs(tmp_path_factory, tracking_uri):
         while not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
             assert time.time() < end, f"no checkpoint from job {job_id} ({sacct_state(job_id)})"
             assert sacct_state(job_id).split()[0] in ("PENDING", "RUNNING", "UNKNOWN"), sacct_state(job_id)
-            time.sleep(1)
+            time.sleep(0.25)
         # what Slurm does to a preempted job (and submitit's job._interrupt()): TERM, then USR2
         for sig in ("TERM", "USR2"):
             subprocess.run(["scancel", "--signal", sig, job_id], check=True)
@@ -135,8 +151,8 @@ def test_two_process_job_trains_and_logs_one_mlflow_run(two_runs):
     assert run.info.status == "FINISHED" and run.data.tags.get("jax.process_count") == "2"
     same_dir = client.search_runs([run.info.experiment_id], f"tags.run_dir = '{run_dir}'")
     assert [r.info.run_id for r in same_dir] == [run_id]   # one MLflow run for both processes
-    assert sorted(losses(two_runs["uri"], run_id)) == list(range(24))
-    final = run_dir / "checkpoints" / "24" / "state"
+    assert sorted(losses(two_runs["uri"], run_id)) == list(range(STEPS))
+    final = run_dir / "checkpoints" / str(STEPS) / "state"
     assert (final / "ocdbt.process_0").is_dir() and (final / "ocdbt.process_1").is_dir()  # both wrote
 
 
@@ -151,5 +167,5 @@ def test_preempted_job_requeues_and_finishes_with_the_same_losses(two_runs):
     assert code == 0
     reference = losses(two_runs["uri"], field(straight_stdout, "mlflow run"))
     resumed = losses(two_runs["uri"], field(stdout, "mlflow run"))
-    assert sorted(resumed) == sorted(reference) == list(range(24))
+    assert sorted(resumed) == sorted(reference) == list(range(STEPS))
     assert resumed == reference        # bitwise: same floats at every step

@@ -13,8 +13,7 @@ from marin.launch.mesh import MeshError, check_mesh
 from tests.helpers import make_config
 
 ROOT = Path(__file__).resolve().parents[2]
-HERO = ["hardware=gb200_nvl72x11", "model=mochi", "attention=mochi_full", "router.top_k=8",
-        "train.global_batch=11264", "train.seq_len=4096", "train.steps=1000", "dry_run=true"]
+HERO = ["experiment=mochi_535b_a23b", "dry_run=true"]   # the published run
 
 
 def launch(*args: str, env=None) -> subprocess.CompletedProcess:
@@ -120,13 +119,12 @@ def test_resume_of_a_run_that_does_not_exist(tmp_path):
 
 
 def test_submitted_job_gets_a_clean_environment(monkeypatch):
-    """submitit's clean_env hides the submitting shell's Slurm variables while sbatch runs."""
+    """While sbatch runs, the submitting shell's Slurm variables and GPU binding are hidden."""
     import os
-
-    import submitit
 
     monkeypatch.setenv("SLURM_JOB_ID", "999")
     monkeypatch.setenv("SLURM_NTASKS", "7")
-    with submitit.helpers.clean_env():
-        assert not [k for k in os.environ if k.startswith("SLURM_")]
-    assert os.environ["SLURM_JOB_ID"] == "999"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with slurm.clean_environment():
+        assert not [k for k in os.environ if k.startswith("SLURM_")] and "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert os.environ["SLURM_JOB_ID"] == "999" and os.environ["CUDA_VISIBLE_DEVICES"] == "3"

@@ -2,7 +2,7 @@
 
 Slurm's accounting is stood in for by a `sacct` script on PATH (the states are what matters
 here; the real cluster is exercised by the Slurm tests)."""
-import json
+import os
 import sys
 
 from mlflow import MlflowClient
@@ -17,7 +17,7 @@ def _fake_sacct(tmp_path, monkeypatch, states: dict):
     lines = "\\n".join(f"{job}|{state}" for job, state in states.items())
     script.write_text(f"#!/bin/sh\nprintf '{lines}\\n'\n")
     script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{script.parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
 
 
 def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monkeypatch, tmp_path, capsys):

@@ -84,3 +84,22 @@ def test_sweep_typos_fail_before_any_job():
     assert done.returncode != 0 and "Could not find 'sweep/lr_gird'" in done.stderr
     done = _launch_py("-m", "sweep=lr_grid", "optim.lrr=1,2", "dry_run=true")
     assert done.returncode != 0 and "lrr" in done.stderr and "#0" not in done.stderr
+
+
+def test_every_job_of_every_sweep_validates():
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from marin.config.store import SWEEPS_DIR, options
+    from tests.helpers import make_config
+
+    parser = OverridesParser.create()
+    for name in options("sweep"):
+        params = OmegaConf.load(SWEEPS_DIR / f"{name}.yaml").hydra.sweeper.params
+        swept = [parser.parse_override(f"{k}={v}") for k, v in params.items()]
+        grid = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] for o in swept]
+        for job in itertools.product(*grid):
+            cfg = make_config(f"sweep={name}", "model=tiny", *job)
+            assert cfg.run.sweep == name
