@@ -194,7 +194,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 50                 # steps between held-out evaluations (0 = only at the end)
     eval_batches: int = 2
-    log_every: int = 1
+    log_every: int = 1                   # steps between logged metric rows (the loss is checked every step)
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
     init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)
     earlier_seq_lens: List[int] = field(default_factory=list)  # lengths of the stages before that run, oldest first

@@ -132,12 +132,15 @@ def train(cfg, rec, loader=None) -> dict:
 
     def record_step(step, metrics, seconds):
         nonlocal summary
-        values = {k: float(v) for k, v in metrics.items()}
+        metrics = jax.device_get(metrics)
+        values = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
+        per_layer = {f"train/{k.removesuffix('_per_layer')}/layer_{i}": float(x)
+                     for k, v in metrics.items() if np.ndim(v) == 1 for i, x in enumerate(v)}
         if not math.isfinite(values["loss"]):
             raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}: stopping. "
                                 "Lower optim.lr or check the data; the last checkpoint is kept.")
         tps = tokens_per_step / seconds if seconds > 0 else float("nan")
-        row = {f"train/{k}": v for k, v in values.items()}
+        row = {f"train/{k}": v for k, v in values.items()} | per_layer
         row.update({"train/tokens_per_s": tps, "train/model_flops_per_s": flops_per_step / seconds})
         if peak > 0:
             row["train/mfu"] = flops_per_step / seconds / peak
@@ -145,7 +148,8 @@ def train(cfg, rec, loader=None) -> dict:
         row["train/lr"] = lrs.get("adamw", lrs.get("adam"))
         if len(lrs) > 1:
             row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
-        tracker.log_metrics(row, step)
+        if step % cfg.train.log_every == 0 or step == stop - 1:
+            tracker.log_metrics(row, step)
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 

@@ -55,6 +55,10 @@ def make_train_step(cfg, tx, mesh):
         router_state = routers.next_router_state(state.router_state, metrics["router"], cfg)
         out = {k: metrics[k] for k in SCALARS if k in metrics}
         out["grad_norm"] = optax.tree.norm(grads)
+        # per layer [L]: logged as train/<name>/layer_<i>
+        out["dropped_frac_per_layer"] = metrics["router"]["dropped_frac"]
+        out["load_spread_per_layer"] = jax.vmap(lambda load: transformer.load_spread(load[None]))(
+            metrics["router"]["load"])
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                                   router_state=router_state)
         return new_state, out

@@ -106,9 +106,16 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     for job_id, _, run_dir in jobs:
         assert wait_for_job(job_id).startswith("COMPLETED")
         assert json.loads((Path(run_dir) / "probe-1.json").read_text())["process_count"] == 2
+    from mlflow import MlflowClient
     from omegaconf import OmegaConf
 
     assert sorted(OmegaConf.load(Path(d) / "resolved.yaml").optim.lr for _, _, d in jobs) == [0.001, 0.003]
+    # one MLflow parent for the sweep, a child per array element, tagged with what differs
+    client = MlflowClient(tracking_uri)
+    children = [client.get_run(run_id).data.tags for _, run_id, _ in jobs]
+    parents = {tags["mlflow.parentRunId"] for tags in children}
+    assert len(parents) == 1 and None not in parents
+    assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
 
 
 @pytest.fixture(scope="module")

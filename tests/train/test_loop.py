@@ -32,7 +32,8 @@ def test_loss_falls_and_run_is_tracked(tmp_path):
     assert last < first - 0.5, (first, last)
     run = client.get_run(rec.run_id)
     assert run.info.status == "FINISHED"
-    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss"):
+    per_layer = [f"train/{m}/layer_{i}" for m in ("dropped_frac", "load_spread") for i in range(cfg.model.num_layers)]
+    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss", *per_layer):
         assert name in run.data.metrics, name
     assert any(k.startswith("eval/") and k.endswith("/loss") and k != "eval/macro_loss" for k in run.data.metrics)
     assert run.data.params["model.d_model"] == str(cfg.model.d_model)
