@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -105,6 +106,9 @@ class MarinLauncher(Launcher):
         records = []
         try:
             for idx, overrides, sweep_config, composed, resolved in loaded:
+                # as Hydra's run_job does: the record reads the job's Hydra config (multirun mode,
+                # job number) to attach the job to its sweep's MLflow parent run
+                HydraConfig.instance().set_config(sweep_config)
                 records.append(record.create(composed, resolved, overrides))
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nnothing was submitted")

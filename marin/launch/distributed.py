@@ -39,9 +39,10 @@ def process_environment(hw) -> dict[str, str]:
 
 def apply_environment(hw) -> None:
     """Set this process's variables for `hw`; warn if JAX's backend already started without them."""
-    os.environ.update(process_environment(hw))
+    changes = {k: v for k, v in process_environment(hw).items() if os.environ.get(k) != v}
+    os.environ.update(changes)
     started = False
-    if "jax" in sys.modules:  # not imported yet: nothing can have started
+    if changes and "jax" in sys.modules:  # not imported yet: nothing can have started
         try:
             from jax._src import xla_bridge  # no public API for this question
 
