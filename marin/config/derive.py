@@ -115,6 +115,9 @@ def resolve(cfg: Config) -> Config:
     if is_auto(t.steps):
         t.steps = steps_from_budget(accounting.active_params(cfg), t.tokens_per_active_param, tokens_per_step)
 
+    if is_auto(t.eval_every) and isinstance(t.steps, int):
+        t.eval_every = max(1, t.steps // 20)  # every 5% of training, as the ladder forecast reads it
+
     if any(is_auto(v) for v in (o.lr, o.b2, o.eps)) and isinstance(t.steps, int):
         rule = lr_rule(t.steps * tokens_per_step, d, tokens_per_step, o.adam_lr_cap)
         for name in ("lr", "b2", "eps"):

@@ -192,7 +192,7 @@ class TrainConfig:
     global_batch: int = 16               # sequences per step, all processes together
     micro_batch: Any = AUTO              # sequences per device per forward; auto = global/devices
     seed: int = 0
-    eval_every: int = 50                 # steps between held-out evaluations (0 = only at the end)
+    eval_every: Any = 50                 # steps between held-out evaluations (0 = only at the end); auto = every 5% of steps
     eval_batches: int = 2
     log_every: int = 1                   # steps between logged metric rows (the loss is checked every step)
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)

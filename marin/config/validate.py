@@ -61,6 +61,8 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     auto_ints = ["attention.num_heads", "attention.kv_heads_local", "attention.kv_heads_global",
                  "model.expert_width", "model.latent_dim", "model.shared_width", "train.steps",
                  "train.micro_batch", "hardware.mesh.data"]
+    if (msg := _auto_or(cfg.train.eval_every, "int", positive=False)) is not None:
+        problems.append(("train.eval_every", msg))
     for name in auto_ints:
         if (msg := _auto_or(_get(cfg, name), "int")) is not None:
             problems.append((name, msg))
@@ -135,6 +137,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     h = cfg.schedule.horizon_steps
     if h is not None and not 1 <= h <= t.steps:
         problems.append(("schedule.horizon_steps", f"must be in [1, train.steps={t.steps}]; got {h}"))
+    if t.init_seq_len and not t.init_from and not cfg.dry_run:
+        problems.append(("train.init_from", "a context-extension stage (train.init_seq_len is set) starts "
+                         "from another run's checkpoint: give its run directory"))
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))

@@ -122,6 +122,7 @@ def train(cfg, rec, loader=None) -> dict:
             losses[f"eval/{name}/loss"] = sum(values) / len(values)
         if losses:
             losses["eval/macro_loss"] = sum(losses.values()) / len(losses)
+            progress.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         tracker.log_metrics(losses, step)
         return losses
 
@@ -205,6 +206,10 @@ class _progress:
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         self.bar.update(step + 1 - self.bar.n)
+
+    def write(self, line: str) -> None:
+        if not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

@@ -40,3 +40,12 @@ def test_bad_input_is_rejected_before_anything_is_written(tmp_path, overrides, n
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
+
+
+def test_a_context_extension_stage_needs_its_starting_checkpoint():
+    from marin.config.validate import ConfigError, load
+    from tests.helpers import compose_dict
+
+    with pytest.raises(ConfigError, match="train.init_from"):
+        load(compose_dict("train.init_seq_len=64", "train.seq_len=256"))
+    load(compose_dict("train.init_seq_len=64", "train.seq_len=256", "dry_run=true"))  # a plan needs none

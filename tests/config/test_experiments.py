@@ -96,5 +96,5 @@ def test_context_stages_keep_the_run_schedule():
 
 def test_qk_mult_auto_without_extension_is_the_base():
     assert make_config("attention.qk_mult=auto", "attention.qk_mult_base=1.7").attention.qk_mult == 1.7
-    cfg = make_config("attention.qk_mult=auto", "train.init_seq_len=64", "train.seq_len=256")
+    cfg = make_config("attention.qk_mult=auto", "train.init_seq_len=64", "train.seq_len=256", "dry_run=true")
     assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * 1.3862943611198906))
