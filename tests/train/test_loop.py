@@ -47,3 +47,20 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
     with pytest.raises(NonFiniteLoss, match="non-finite loss"):
         train(cfg, rec)
     assert MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_context_extension_stage_starts_from_another_runs_checkpoint(tmp_path):
+    """A stage (train.init_from) continues the earlier run's state at a longer sequence, with
+    qk_mult rescaled by the spec's rule."""
+    from marin.train.loop import train
+
+    short = ["train.steps=8", "train.stop_after=4", "train.seq_len=32", "train.eval_every=0"]
+    cfg, first = start(tmp_path, *short)
+    train(cfg, first)
+    cfg, stage = start(tmp_path, "train.steps=8", "train.seq_len=64", "train.eval_every=0", "attention.qk_mult=auto",
+                       f"train.init_from={first.run_dir}", "train.init_seq_len=32")
+    assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * math.log(2)))
+    train(cfg, stage)
+    steps = [m.step for m in MlflowClient(stage.tracking_uri).get_metric_history(stage.run_id, "train/loss")]
+    assert sorted(steps) == [4, 5, 6, 7]  # the stage picks up where the first run stopped
