@@ -5,7 +5,7 @@
 combine. Assignments past an expert's capacity are dropped (the token keeps the shared experts
 and the residual). Both moves are row gathers whose transposes are again row gathers (the slot
 map is a partial permutation), so the backward pass has no scatter-add either; see
-/work/shared/reference/moe-dispatch.md for why this formulation (1.5× a dense MLP on CPU, against
+benchmarks/README.md (moe_layer.py) for why this formulation (1.5× a dense MLP on CPU, against
 2.4× for one-hot einsums and 17× for `ragged_dot`).
 
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
