@@ -17,7 +17,6 @@ import os
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig

@@ -21,6 +21,12 @@ SWEEPS_DIR = PROJECT_ROOT / "sweeps"
 _registered = False
 
 
+def project_path(path: str | Path) -> Path:
+    """A configured path, absolute: relative ones resolve against the project root, not the cwd."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
 def register() -> None:
     global _registered
     if _registered:

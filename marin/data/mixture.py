@@ -37,20 +37,14 @@ class Source:
     field: str  # the config field it came from, for messages
 
 
-def project_root() -> Path:
-    from marin.config.store import PROJECT_ROOT
-
-    return PROJECT_ROOT
-
-
 def data_root(cfg) -> Path:
-    root = Path(cfg.data.root).expanduser()
-    return root if root.is_absolute() else project_root() / root
+    return config_path(cfg.data.root)
 
 
 def config_path(path: str) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else project_root() / p
+    from marin.config.store import project_path
+
+    return project_path(path)
 
 
 def expand(patterns, root: Path) -> list[Path]:

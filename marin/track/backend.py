@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from marin.config.schema import Config
-from marin.config.store import PROJECT_ROOT
+from marin.config.store import project_path
 
 # Whole name components (HF_TOKEN, apiKey, db.password), so tokens_per_active_param is not one.
 SECRET_WORDS = {"token", "key", "apikey", "password", "passwd", "pwd", "secret", "credential",
@@ -25,8 +25,7 @@ class TrackingUnavailable(ConnectionError):
 
 def out_dir(cfg: Config) -> Path:
     """`run.out_dir`, absolute: relative paths resolve against the project root, not the cwd."""
-    path = Path(cfg.run.out_dir).expanduser()
-    return path if path.is_absolute() else PROJECT_ROOT / path
+    return project_path(cfg.run.out_dir)
 
 
 def tracking_uri(cfg: Config) -> str:

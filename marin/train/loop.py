@@ -14,7 +14,6 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
 log = logging.getLogger("marin.train")
 
@@ -46,9 +45,9 @@ def enable_compilation_cache(cfg) -> None:
     """JAX's persistent compilation cache: a repeated run skips compilation entirely."""
     import jax
 
-    from marin.config.store import PROJECT_ROOT
+    from marin.config.store import project_path
 
-    path = os.environ.get("MARIN_JAX_CACHE") or str(Path(PROJECT_ROOT, cfg.run.out_dir, "cache", "jax"))
+    path = os.environ.get("MARIN_JAX_CACHE") or str(project_path(cfg.run.out_dir) / "cache" / "jax")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

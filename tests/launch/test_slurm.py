@@ -4,7 +4,6 @@ preempted job that requeues and finishes with exactly the losses of an uninterru
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
