@@ -41,6 +41,14 @@ def device_count(hw: HardwareConfig) -> int:
     return hw.nodes * hw.tasks_per_node * devices_per_process(hw)
 
 
+def memory_limit_gib(hw: HardwareConfig) -> float | None:
+    """GiB per device a run may plan to use (`memory_per_device_gib × memory_usable_fraction`);
+    None where the hardware has no memory figure (CPU)."""
+    if hw.memory_per_device_gib is None:
+        return None
+    return hw.memory_per_device_gib * hw.memory_usable_fraction
+
+
 def batch_shards(hw: HardwareConfig) -> int:
     """How many ways the global batch is split: every mesh axis but `model` holds its own tokens."""
     m = hw.mesh

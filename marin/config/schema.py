@@ -36,6 +36,7 @@ class ModelConfig:
     init_std: Any = AUTO                 # auto = 0.5/sqrt(d)
     z_loss: float = 1e-4                 # coefficient of logsumexp² in the loss
     remat: bool = False                  # recompute each block in the backward pass
+    offload_carry: bool = False          # stage each layer's residual carry in host memory for the backward pass
     compute_dtype: str = "float32"       # float32 | bfloat16 (master weights stay float32)
 
 
@@ -59,6 +60,7 @@ class AttentionConfig:
     xsa: bool = True                     # exclusive self-attention
     output_gate: bool = True             # per-head gate 2·sigmoid(x·W_gate)
     conv_k: bool = True                  # causal conv after the K projection (model.conv_kernel taps)
+    impl: str = "auto"                   # auto | blockwise | cudnn | reference; auto = cudnn on gpu, blockwise elsewhere
 
 
 @dataclass
@@ -145,6 +147,8 @@ class HardwareConfig:
     xla_flags: str = ""                  # XLA_FLAGS of every process (forced host devices are added)
     setup: List[str] = field(default_factory=list)      # shell lines run before the job (module load, ...)
     peak_flops_per_device: float = 0.0   # for MFU; 0 = measure nothing, report no MFU
+    memory_per_device_gib: Optional[float] = None  # accelerator memory per device; None = unknown
+    memory_usable_fraction: float = 0.9  # of that memory, what a run may plan to use (allocator, NCCL buffers)
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
 
@@ -162,6 +166,7 @@ class OptimConfig:
     momentum: float = 0.95               # MuonH Nesterov momentum
     ns_steps: int = 5                    # Newton–Schulz iterations
     grad_clip: Optional[float] = None    # global-norm clip; None = off
+    offload: bool = False                # optimizer state (and fp32 masters) in pinned host memory
 
 
 @dataclass
@@ -180,6 +185,7 @@ class CheckpointConfig:
     keep_last: int = 2
     permanent_every: int = 0             # 0 = none
     async_save: bool = True
+    every_minutes: float = 60.0          # a rolling checkpoint this often (0 = off); permanent ones by every_steps
 
 
 @dataclass
@@ -217,6 +223,12 @@ class RunConfig:
 
 
 @dataclass
+class PlanConfig:
+    """What the dry run and the Slurm submission check before a run starts."""
+    allow_over_memory: bool = False      # submit even when the memory estimate exceeds the device's
+
+
+@dataclass
 class Config:
     """The root: group choices plus top-level settings (`conf/config.yaml`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -229,8 +241,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    dry_run: Any = False                 # false | true | json
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    dry_run: Any = False                 # false | true | json | compile
     reproduce: Optional[str] = None      # run directory or MLflow run id
+    reproduce_trust: bool = False        # apply a saved config's hardware.env/xla_flags/setup even where they differ from the shipped option
     resume: Optional[str] = None         # run directory or MLflow run id
     wait: bool = False                   # Slurm: follow the job and exit with its result
     schema_version: int = 1

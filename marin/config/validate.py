@@ -80,8 +80,8 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
         problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
         problems.append(("attention.rope_fraction", f"must be in [0, 1]; got {cfg.attention.rope_fraction}"))
-    if cfg.dry_run not in (False, True, "json"):
-        problems.append(("dry_run", f"must be false, true or json; got {cfg.dry_run!r}"))
+    if cfg.dry_run not in (False, True, "json", "compile"):
+        problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
     if cfg.train.stop_after is not None and cfg.train.stop_after < 1:
         problems.append(("train.stop_after", f"must be ≥ 1 or null; got {cfg.train.stop_after}"))
     return problems
