@@ -51,7 +51,8 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
     def local(x, logits, bias, gate, up, down):
         local_w = ExpertWeights(gate, up, down)
         return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes,
-                              expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts)
+                              expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
+                              wave_axes=(EXPERT_AXIS,))
 
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
     stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P()}
