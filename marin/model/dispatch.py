@@ -8,6 +8,9 @@ map is a partial permutation), so the backward pass has no scatter-add either; s
 benchmarks/README.md (moe_layer.py) for why this formulation (1.5× a dense MLP on CPU, against
 2.4× for one-hot einsums and 17× for `ragged_dot`).
 
+Evaluation is dropless without an [E, T, ℓ] buffer: `wave_dispatch` reuses the training buffer for
+queue positions [0, C), [C, 2C), ... until every expert's queue is done (`model.eval_dispatch`).
+
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.
 """

@@ -9,6 +9,8 @@ statistics (QB's quantile, load, dropped fraction) are reduced over the batch ax
 those of the global batch.
 
 The capacity is per device (C_local from the device's own T·k), as in the published run.
+Dropless evaluation repeats this round trip in waves (`dispatch.wave_dispatch`), the wave count
+maxed over `expert` so the all_to_alls of every device pair up.
 `jax.lax.ragged_all_to_all` would avoid sending padding rows, but XLA:CPU does not implement it;
 the fixed-size `all_to_all` runs on every backend.
 """
