@@ -64,13 +64,13 @@ def _is_under(key: str, prefixes) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
-def _check_trust(merged: dict, base: dict, wanted: dict) -> None:
+def _check_trust(merged: dict, own: set[str], trust: bool) -> None:
     """Refuse saved hardware.env/xla_flags/setup that differ from the shipped hardware option,
-    unless this command line says reproduce_trust=true or sets those fields itself."""
-    if wanted.get("reproduce_trust"):
+    unless this command line says reproduce_trust=true or sets those fields itself (`own`)."""
+    if trust:
         return
-    applied = {k: v for k, v in merged.items() if _is_under(k, UNTRUSTED) and v not in ({}, [], "", None)
-               and v != backend.REDACTED and not (k in wanted and base.get(k) != wanted[k])}  # not this command line's
+    applied = {k: v for k, v in merged.items() if _is_under(k, UNTRUSTED) and not _is_under(k, own)
+               and v not in ({}, [], "", None) and v != backend.REDACTED}
     if not applied:
         return
     name = merged.get("hardware.name")
@@ -90,9 +90,10 @@ def _check_schema(saved: dict) -> None:
     current = OmegaConf.to_container(OmegaConf.structured(Config))
     have, want = set(flatten(saved)), set(flatten(current))
 
-    def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys
+    def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys, or to {} when empty
         parts = key.split(".")
-        return any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+        return (any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+                or any(k.startswith(key + ".") for k in keys))
 
     removed = sorted(k for k in have if not known(k, want))
     added = sorted(k for k in want if not known(k, have))
@@ -215,12 +216,16 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
             merged[key] = value
     for key in set(base) - set(wanted):  # removed by a ~key override
         merged.pop(key, None)
+    own = {_key(o) for o in new if _is_under(_key(o), UNTRUSTED)}
+    for key, value in wanted.items():  # the user's own, even where equal to conf/ (an untrusted value reset)
+        if _is_under(key, own):
+            merged[key] = value
     for key in SITE + CONTROL:
         merged[key] = wanted.get(key)
     for key in NOT_INHERITED:
         if not any(_key(o) == key for o in new):
             merged[key] = None
-    _check_trust(merged, base, wanted)
+    _check_trust(merged, own, bool(wanted.get("reproduce_trust")))
     for key, value in list(merged.items()):  # secrets were never saved: this environment's, if any
         if value == backend.REDACTED:
             if key in wanted:
