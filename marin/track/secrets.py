@@ -33,6 +33,7 @@ PARTS = ("secret", "passw", "passphrase", "credential", "cookie", "apikey", "acc
 # Whole names that match the rule but hold no secret (the shell's working directories, a socket path).
 NOT_SECRET = {"PWD", "OLDPWD", "SSH_AUTH_SOCK"}
 MIN_LENGTH = 4          # shorter values would mask ordinary text everywhere
+ENV_MIN_LENGTH = 8      # the environment is not ours: a short value there (KEY=main) is no real secret
 _PLAIN = {"true", "false", "none", "null", "yes", "no"}
 # scheme://user:password@host → the password part.
 _URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):([^/\s@'\"]+)@")
@@ -55,7 +56,7 @@ def looks_secret(name: str) -> bool:
 
 # ---------------------------------------------------------------------------- values
 
-def remember(value) -> None:
+def remember(value, min_length: int = MIN_LENGTH) -> None:
     """Mask `value` wherever it appears from now on (in this process)."""
     if isinstance(value, dict):
         for v in value.values():
@@ -68,7 +69,7 @@ def remember(value) -> None:
     if value is None or isinstance(value, bool):
         return
     text = str(value).strip()
-    if len(text) >= MIN_LENGTH and text.lower() not in _PLAIN and text != REDACTED:
+    if len(text) >= min_length and text.lower() not in _PLAIN and text != REDACTED:
         _known.add(text)
 
 
@@ -119,7 +120,7 @@ def scan_environment(environ=None) -> None:
     line quoting them cannot show them)."""
     for name, value in (os.environ if environ is None else environ).items():
         if looks_secret(name):
-            remember(value)
+            remember(value, ENV_MIN_LENGTH)
 
 
 def _split(override: str) -> tuple[str, str, str]:
