@@ -28,7 +28,8 @@ from marin.track.record import flatten
 log = logging.getLogger("marin.track")
 
 SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
-CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust")  # never inherited: a saved config cannot trust itself
+# Never inherited (reproduce_trust: a saved config cannot trust itself).
+CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust")
 # What a saved config runs on this machine: applied only as shipped, or with reproduce_trust=true.
 UNTRUSTED = ("hardware.env", "hardware.xla_flags", "hardware.setup")
 NOT_INHERITED = ("run.sweep", "run.sweep_id")  # a reproduction is a run of its own, not a sweep job
