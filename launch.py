@@ -5,11 +5,15 @@ Hydra composes conf/ (plus the `sweep` group from sweeps/); marin validates befo
 imported or written, then dry-runs, reproduces, trains in-process or submits to Slurm, as the
 config says. See README.md.
 """
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from marin.config.store import register
+from marin.track.secrets import guard_output
 
+guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
 register()
 
 

@@ -124,7 +124,8 @@ class MarinLauncher(Launcher):
             ex = slurm.executor(first, folder)
             ex.update_parameters(array_parallelism=self.array_parallelism,
                                  job_name=f"marin-{first.run.sweep or first.run.name}")
-            with slurm.clean_environment(), ex.batch():
+            # secrets reach the jobs through sbatch's environment, not the script or the submission
+            with slurm.clean_environment(), slurm.secret_environment(first), ex.batch():
                 pending = [ex.submit(slurm.TrainJob(slurm.config_yaml(loaded[i][3]), slurm.record_fields(records[i]), slurm.entry()))
                            for i in members]
             for i, job in zip(members, pending):

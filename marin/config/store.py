@@ -3,10 +3,13 @@
 Every group YAML starts with ``defaults: [schema, _self_]``: the dataclass stored here as
 ``<group>/schema`` types it, so unknown keys and wrong types fail at compose time. The root
 ``schema`` types the top-level keys. The files in ``sweeps/`` are stored as the ``sweep``
-group (package ``_global_``), which is how ``sweep=<name>`` finds them.
+group (package ``_global_``), which is how ``sweep=<name>`` finds them. The resolver
+``marin.private_tmp`` gives Hydra's sweep folder a parent that only its owner can read.
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -27,10 +30,25 @@ def project_path(path: str | Path) -> Path:
     return p if p.is_absolute() else PROJECT_ROOT / p
 
 
+def private_tmp() -> str:
+    """$TMPDIR/marin-hydra-<uid>, made (or fixed to) mode 0700: Hydra's multirun.yaml there holds
+    the command line, secrets included, and $TMPDIR is often shared."""
+    folder = Path(os.environ.get("TMPDIR") or "/tmp") / f"marin-hydra-{os.getuid()}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} is not a folder of this user; remove it or set TMPDIR")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        folder.chmod(0o700)
+    return str(folder)
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
+    if not OmegaConf.has_resolver("marin.private_tmp"):
+        OmegaConf.register_new_resolver("marin.private_tmp", private_tmp)
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
     for group, schema in GROUPS.items():

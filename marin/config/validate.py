@@ -52,9 +52,21 @@ def _auto_or(value, kind: str, positive: bool = True) -> str | None:
     return f"expected 'auto' or a {'positive ' if positive else ''}{'integer' if kind == 'int' else 'number'}, got {value!r}"
 
 
+def check_run_name(name) -> list[tuple[str, str]]:
+    """run.name names a folder directly inside run.out_dir/runs: no path separator, no `..`, not
+    absolute, no control characters (so `../../x` or `${oc.env:HOME}` cannot escape out_dir)."""
+    text = str(name)
+    bad = ("/" in text or "\\" in text or ".." in text or not text.strip() or len(text) > 120
+           or any(ord(c) < 32 or ord(c) == 127 for c in text))
+    if not bad:
+        return []
+    return [("run.name", "must be a plain folder name (no '/', '\\', '..' or control characters, "
+             f"not empty, at most 120 characters); got {text!r}")]
+
+
 def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     """Checks on single leaves that the schema's types cannot express."""
-    problems = []
+    problems = check_run_name(cfg.run.name)
     for name, allowed in CHOICES.items():
         value = _get(cfg, name)
         if value not in allowed:

@@ -33,7 +33,8 @@ def process_environment(hw) -> dict[str, str]:
         env["PJRT_NPROC"] = str(max(16, 2 * hw.host_devices))
     if hw.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-    env.update({k: str(v) for k, v in hw.env.items()})
+    # A <redacted> value is a secret the job inherits from sbatch's environment (marin/launch/slurm.py).
+    env.update({k: str(v) for k, v in hw.env.items() if str(v) != "<redacted>"})
     return env
 
 

@@ -2,7 +2,7 @@
 
 validate (no JAX) → dry run, or → create the run record (directory + MLflow run) → train here
 or submit to Slurm. A config error prints one line per bad field and exits with status 2, before
-anything is written.
+anything is written. Everything printed goes through marin.track.secrets (secrets masked).
 """
 from __future__ import annotations
 
@@ -18,14 +18,21 @@ log = logging.getLogger("marin")
 
 
 def setup_logging() -> None:
-    """Logs go to stderr, so `dry_run=json` keeps stdout for its one JSON object."""
+    """Logs go to stderr, so `dry_run=json` keeps stdout for its one JSON object; stdout, stderr
+    and the log handlers mask secrets (values of secret-named variables and overrides)."""
+    from marin.track.secrets import guard_output
+
+    guard_output(sys.argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    guard_output()  # the handler just made gets the masking filter too
 
 
 def fail(message: str, code: int = 2) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    from marin.track.secrets import mask
+
+    print(f"error: {mask(message)}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -40,6 +47,17 @@ def overrides() -> list[str]:
 def dispatch(cfg: DictConfig) -> None:
     setup_logging()
     job_overrides = overrides()
+    from marin.track import secrets
+    from marin.track.backend import TrackingUnavailable
+
+    secrets.scan_overrides(job_overrides)
+    try:
+        _dispatch(cfg, job_overrides)
+    except TrackingUnavailable as err:  # ours: one masked line, not Hydra's crash report (which prints the overrides)
+        fail(str(err), code=1)
+
+
+def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
     if cfg.get("resume"):  # continue a run: its own config, dir and MLflow run (marin/launch/resume.py)
         from marin.launch.resume import resume
 

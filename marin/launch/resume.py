@@ -137,14 +137,19 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
     """record.json's resume list; with changes, the new config beside the old and in MLflow."""
     from marin.track import backend, record
 
+    from marin.track import secrets
+
     n = len(earlier) + 1
+    overrides = [secrets.redact_override(o) for o in overrides]  # written and tagged: no secrets
+    changes = {k: ([secrets.REDACTED] * 2 if secrets.looks_secret(k.rsplit(".", 1)[-1]) else secrets.redact(v))
+               for k, v in changes.items()}
     entry = {"n": n, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides, "changes": changes}
     client = backend.client(rec.tracking_uri)
     if changes:
         names = {"composed": f"composed.resume-{n}.yaml", "resolved": f"resolved.resume-{n}.yaml"}
         for which, cfg in (("composed", composed), ("resolved", resolved)):
             path = rec.run_dir / names[which]
-            path.write_text(record.to_yaml(backend.redact(record.config_dict(cfg))))
+            path.write_text(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(cfg)))))
             client.log_artifact(rec.run_id, str(path), artifact_path="record")
         entry.update(names)
         client.set_tag(rec.run_id, f"resume_{n}", record._tag_value(_describe(changes)))  # noqa: SLF001

@@ -14,6 +14,7 @@ installed its own handler, submitit requeues the same submission.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -47,9 +48,40 @@ class SubmitError(RuntimeError):
 
 def setup_lines(cfg) -> list[str]:
     """Shell lines of the batch script before `srun`: the hardware's environment (exported, so
-    every task has it before Python starts) and its own setup lines."""
+    every task has it before Python starts) and its own setup lines. A secret (by name or value)
+    is never written into the script (it lies in the run directory): sbatch passes it from the
+    submitting environment instead (`secret_environment`)."""
+    from marin.track import secrets
+
     env = process_environment(cfg.hardware)
-    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + list(cfg.hardware.setup)
+    lines = [f"# {k}: a secret, passed in sbatch's environment" if k in _secret_env(cfg)
+             else f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    return [secrets.mask(line) for line in lines + list(cfg.hardware.setup)]
+
+
+def _secret_env(cfg) -> dict[str, str]:
+    """The hardware's environment variables that hold secrets (by name, or by a remembered value)."""
+    from marin.track import secrets
+
+    return {k: str(v) for k, v in cfg.hardware.env.items()
+            if (secrets.looks_secret(k) or secrets.mask(str(v)) != str(v)) and v != secrets.REDACTED}
+
+
+@contextlib.contextmanager
+def secret_environment(cfg):
+    """While sbatch runs: the hardware's secrets in this process's environment, which sbatch
+    exports to the job (so neither the batch script nor the pickled submission holds them)."""
+    env = _secret_env(cfg)
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def slurm_parameters(cfg) -> dict:
@@ -129,7 +161,9 @@ def _mark_unsubmitted(rec, reason: str) -> None:
 
     try:
         client = backend.client(rec.tracking_uri)
-        client.set_tag(rec.run_id, "submit_error", reason[:5000])
+        from marin.track.secrets import mask
+
+        client.set_tag(rec.run_id, "submit_error", mask(reason)[:5000])
         client.set_terminated(rec.run_id, "FAILED")
     except Exception as err:  # the record stays as it is; the message already says what to do
         log.warning("could not mark MLflow run %s as failed: %s", rec.run_id, err)
@@ -157,10 +191,12 @@ def submit_record(composed, resolved, rec):
     ex = executor(resolved, folder)
     task = TrainJob(config_yaml(composed), record_fields(rec), entry())
     try:
-        with clean_environment():
+        with clean_environment(), secret_environment(resolved):
             job = ex.submit(task)
     except (submitit.core.utils.FailedJobError, OSError, subprocess.SubprocessError) as err:
-        raise SubmitError(f"sbatch failed: {str(err).strip()}") from err
+        from marin.track.secrets import mask
+
+        raise SubmitError(f"sbatch failed: {mask(str(err).strip())}") from err
     _remember_job(rec, job.job_id)
     print(f"slurm job: {job.job_id}\n{_job_label(rec)}\nlogs: {folder}/{job.job_id}_*_log.out", flush=True)
     return job
@@ -207,7 +243,12 @@ def follow(job, poll_s: float = 2.0) -> int:
 # ---------------------------------------------------------------------------- in the job
 
 def config_yaml(composed) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(composed))
+    """The composed config for the job, secrets <redacted> (the submission is pickled into the run
+    directory; the job takes them from its environment, see `secret_environment`)."""
+    from marin.track import secrets
+    from marin.track.record import config_dict
+
+    return secrets.mask(OmegaConf.to_yaml(OmegaConf.create(secrets.redact(config_dict(composed)))))
 
 
 def record_fields(rec) -> dict:

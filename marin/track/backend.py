@@ -3,19 +3,15 @@ and keeping secrets out of everything that is logged."""
 from __future__ import annotations
 
 import os
-import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from marin.config.schema import Config
 from marin.config.store import project_path
 
-# Whole name components (HF_TOKEN, apiKey, db.password), so tokens_per_active_param is not one.
-SECRET_WORDS = {"token", "key", "apikey", "password", "passwd", "pwd", "secret", "credential",
-                "credentials", "auth"}
-REDACTED = "<redacted>"
+# The rule for secrets lives in marin.track.secrets; these names stay importable from here.
+from marin.track.secrets import REDACTED, looks_secret, redact, redact_override, safe_uri  # noqa: E402,F401
 
 
 class TrackingUnavailable(ConnectionError):
@@ -94,38 +90,3 @@ def experiment_id(mlflow_client, name: str, uri: str) -> str:
         if exp is None:
             raise
         return exp.experiment_id
-
-
-def looks_secret(name: str) -> bool:
-    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
-    return any(w in SECRET_WORDS for w in re.split(r"[^a-z0-9]+", words))
-
-
-def safe_uri(uri: str) -> str:
-    """A URI without the user:password part."""
-    parts = urlsplit(uri)
-    if parts.password or parts.username:
-        host = parts.hostname or ""
-        netloc = host + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return uri
-
-
-def redact(tree, name: str = ""):
-    """A copy of a nested dict/list with the values of secret-looking keys replaced."""
-    if isinstance(tree, dict):
-        return {k: (REDACTED if looks_secret(str(k)) and not isinstance(v, (dict, list)) else redact(v, str(k)))
-                for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [redact(v, name) for v in tree]
-    if isinstance(tree, str) and "://" in tree:
-        return safe_uri(tree)
-    return tree
-
-
-def redact_override(override: str) -> str:
-    """`hardware.env.HF_TOKEN=abc` → `hardware.env.HF_TOKEN=<redacted>`."""
-    key, sep, value = override.partition("=")
-    if sep and looks_secret(key.rsplit(".", 1)[-1]):
-        return f"{key}={REDACTED}"
-    return key + sep + (safe_uri(value) if "://" in value else value)

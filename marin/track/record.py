@@ -10,7 +10,9 @@ A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` h
 
 and the MLflow run gets the resolved config as flattened params, provenance as tags and the
 three config files as artifacts. Creation is all or nothing: a failure removes the directory and
-deletes the MLflow run. Secret-looking names (token, key, password, secret…) are never logged.
+deletes the MLflow run. Secrets never reach any of it: every text written goes through
+`marin.track.secrets` (values under secret-looking names, and those values wherever else they
+appear, are <redacted>; so are passwords in URIs). The directory is always inside run.out_dir.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marin.config.schema import Config, RunConfig
 from marin.config.store import PROJECT_ROOT
-from marin.track import backend
+from marin.track import backend, secrets
 
 log = logging.getLogger("marin.track")
 
@@ -145,7 +147,7 @@ def package_versions() -> dict[str, str]:
 
 def environment() -> dict[str, str]:
     chosen = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
-    return backend.redact(dict(sorted(chosen.items())))
+    return secrets.redact(dict(sorted(chosen.items())))
 
 
 def provenance() -> dict:
@@ -156,7 +158,7 @@ def provenance() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "argv": [backend.redact_override(a) for a in sys.argv],
+        "argv": [secrets.redact_override(a) for a in sys.argv],
         "env": environment(),
     }, diff
 
@@ -170,18 +172,26 @@ def update_info(record: RunRecord, **fields) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(secrets.mask(json.dumps(data, indent=2, default=str) + "\n"))
     tmp.replace(path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(secrets.mask(text))
 
 
 # ---------------------------------------------------------------------------- create
 
 def _new_run_dir(root: Path, name: str, digest: str) -> Path:
-    """A fresh directory; never an existing one (the unique id is drawn again on a clash)."""
+    """A fresh directory directly inside `root`; never an existing one (the unique id is drawn
+    again on a clash). validate.check_run_name refuses names with separators; this is the net."""
     root.mkdir(parents=True, exist_ok=True)
+    name = secrets.mask(name)
     while True:
         unique = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         path = root / f"{name}-{digest[:8]}-{unique}"
+        if path.resolve().parent != root.resolve():
+            raise ValueError(f"run.name {name!r} would put the run directory outside {root}")
         try:
             path.mkdir()
             return path
@@ -195,7 +205,7 @@ def mlflow_params(resolved_tree: dict) -> tuple[dict[str, str], dict[str, str]]:
 
     params, too_long = {}, {}
     for key, value in flatten(resolved_tree).items():
-        text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+        text = secrets.mask(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
         (params if len(text) <= MAX_PARAM_VAL_LENGTH else too_long)[key] = text
     return params, too_long
 
@@ -214,19 +224,22 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
     backend.check_reachable(uri)  # before anything is written
     sweep.check_tracking(resolved, uri)
     exp_name = backend.experiment_name(resolved)
-    composed_tree = backend.redact(config_dict(composed))
-    resolved_tree = backend.redact(config_dict(resolved))
-    safe_overrides = [backend.redact_override(o) for o in overrides]
+    secrets.scan_environment()
+    secrets.scan_overrides(overrides)
+    secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
+    composed_tree = secrets.redact(config_dict(composed))
+    resolved_tree = secrets.redact(config_dict(resolved))
+    safe_overrides = [secrets.redact_override(o) for o in overrides]
     digest = config_hash(resolved)
     run_dir = _new_run_dir(backend.out_dir(resolved) / "runs", resolved.run.name, digest)
     client, run_id, made_parent, sweep_tags = None, None, None, {}
     try:
         info, diff = provenance()
-        (run_dir / COMPOSED).write_text(to_yaml(composed_tree))
-        (run_dir / RESOLVED).write_text(to_yaml(resolved_tree))
-        (run_dir / OVERRIDES).write_text(yaml.safe_dump(safe_overrides, default_flow_style=False))
+        _write_text(run_dir / COMPOSED, to_yaml(composed_tree))
+        _write_text(run_dir / RESOLVED, to_yaml(resolved_tree))
+        _write_text(run_dir / OVERRIDES, yaml.safe_dump(safe_overrides, default_flow_style=False))
         if diff:
-            (run_dir / DIFF).write_text(diff)
+            _write_text(run_dir / DIFF, diff)
         client = backend.client(uri)
         exp_id = backend.experiment_id(client, exp_name, uri)
         sweep_tags, made_parent = sweep.attach(client, exp_id, resolved, overrides, uri)
@@ -246,6 +259,7 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         }
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
+        tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
         run_id = client.create_run(exp_id, tags=tags, run_name=run_dir.name).info.run_id
         _log_params(client, run_id, resolved_tree)
         info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": exp_name,
@@ -267,7 +281,7 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         if made_parent:
             shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
         raise
-    log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, backend.safe_uri(uri), exp_name)
+    log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), exp_name)
     return RunRecord(run_dir, run_id, uri, exp_name)
 
 

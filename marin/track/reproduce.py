@@ -6,7 +6,11 @@ are what the new overrides change, and only they replace saved values. So derive
 recomputed by `validate.load`, run-specific ones (train.seed…) stay as saved, edits made to conf/
 since the run do not leak in (they are reported), and site-specific leaves (tracking.uri,
 data.root, run.out_dir) come from the current environment. The saved config is data: nothing in
-it is instantiated, and a ``_target_`` outside marin/optax/flax is refused.
+it is instantiated, a ``_target_`` outside marin/optax/flax is refused, and so is any ``${…}``
+interpolation (``${oc.env:…}`` would read this machine's environment into the run). What the
+saved config would run on this machine — `hardware.env`, `hardware.xla_flags`, `hardware.setup`
+(shell lines of the batch script) — is applied only where it equals the shipped
+conf/hardware/<name>.yaml, or with `reproduce_trust=true`.
 """
 from __future__ import annotations
 
@@ -24,7 +28,10 @@ from marin.track.record import flatten
 log = logging.getLogger("marin.track")
 
 SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
-CONTROL = ("reproduce", "resume", "dry_run", "wait")
+# Never inherited (reproduce_trust: a saved config cannot trust itself).
+CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust")
+# What a saved config runs on this machine: applied only as shipped, or with reproduce_trust=true.
+UNTRUSTED = ("hardware.env", "hardware.xla_flags", "hardware.setup")
 NOT_INHERITED = ("run.sweep", "run.sweep_id")  # a reproduction is a run of its own, not a sweep job
 TARGET_PREFIXES = ("marin.", "optax.", "flax.")
 WATCHED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "hydra-core",
@@ -45,14 +52,49 @@ def _check_targets(tree, where: str) -> None:
             raise ReproduceError(f"{where}: {key}={value} is not allowed (only {', '.join(TARGET_PREFIXES)} targets)")
 
 
+def _check_interpolations(tree, where: str) -> None:
+    """A saved config is data: no `${…}` (resolvers read the environment or files when resolved)."""
+    for key, value in flatten(tree).items():
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(t, str) and "${" in t for t in texts):
+            raise ReproduceError(f"{where}: {key}={value}: interpolations (${{…}}) are not allowed in a saved "
+                                 "config; give the value on the command line instead")
+
+
+def _is_under(key: str, prefixes) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _check_trust(merged: dict, own: set[str], trust: bool) -> None:
+    """Refuse saved hardware.env/xla_flags/setup that differ from the shipped hardware option,
+    unless this command line says reproduce_trust=true or sets those fields itself (`own`)."""
+    if trust:
+        return
+    applied = {k: v for k, v in merged.items() if _is_under(k, UNTRUSTED) and not _is_under(k, own)
+               and v not in ({}, [], "", None) and v != backend.REDACTED}
+    if not applied:
+        return
+    name = merged.get("hardware.name")
+    try:
+        shipped = flatten(_compose([f"hardware={name}"]))
+    except Exception:  # not a shipped option (or not one any more): nothing of it is trusted
+        shipped = {}
+    differ = [k for k, v in applied.items() if shipped.get(k) != v]
+    if differ:
+        raise ReproduceError(f"the saved config's {', '.join(sorted(differ))} differ from conf/hardware/{name}.yaml "
+                             "(they would run on this machine as saved); check them and pass reproduce_trust=true "
+                             "to apply them, or override them")
+
+
 def _check_schema(saved: dict) -> None:
     """Same schema version and the same fields, or a message naming the fields that differ."""
     current = OmegaConf.to_container(OmegaConf.structured(Config))
     have, want = set(flatten(saved)), set(flatten(current))
 
-    def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys
+    def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys, or to {} when empty
         parts = key.split(".")
-        return any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+        return (any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+                or any(k.startswith(key + ".") for k in keys))
 
     removed = sorted(k for k in have if not known(k, want))
     added = sorted(k for k in want if not known(k, have))
@@ -140,6 +182,7 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     except record.RecordError as err:
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
+    _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
     _check_schema(saved)
@@ -147,10 +190,11 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     for o in source.overrides():
         if _key(o) in SITE + CONTROL:
             continue
-        if o.endswith("=" + backend.REDACTED):
+        if backend.REDACTED in o:
             log.warning("saved override %s was redacted: the current environment's value is used", o)
             continue
         kept.append(o)
+    _check_interpolations({_key(o): o.split("=", 1)[-1] for o in kept}, f"{source.run_dir / record.OVERRIDES}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
 
     try:
@@ -173,11 +217,16 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
             merged[key] = value
     for key in set(base) - set(wanted):  # removed by a ~key override
         merged.pop(key, None)
+    own = {_key(o) for o in new if _is_under(_key(o), UNTRUSTED)}
+    for key, value in wanted.items():  # the user's own, even where equal to conf/ (an untrusted value reset)
+        if _is_under(key, own):
+            merged[key] = value
     for key in SITE + CONTROL:
         merged[key] = wanted.get(key)
     for key in NOT_INHERITED:
         if not any(_key(o) == key for o in new):
             merged[key] = None
+    _check_trust(merged, own, bool(wanted.get("reproduce_trust")))
     for key, value in list(merged.items()):  # secrets were never saved: this environment's, if any
         if value == backend.REDACTED:
             if key in wanted:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from marin.track import backend, record as run_record, sweep
+from marin.track import backend, record as run_record, secrets, sweep
 
 log = logging.getLogger("marin.track")
 
@@ -65,7 +65,10 @@ class Tracker:
     def set_tags(self, tags: dict) -> None:
         if not self.enabled:
             return
-        self._pending_tags.update({str(k): backend.REDACTED if backend.looks_secret(str(k)) else str(v)
+        for k, v in tags.items():  # a secret-named tag is remembered, so its value is masked everywhere
+            if secrets.looks_secret(str(k)):
+                secrets.remember(v)
+        self._pending_tags.update({str(k): secrets.REDACTED if secrets.looks_secret(str(k)) else secrets.mask(str(v))
                                    for k, v in tags.items()})
         self.flush()
 
@@ -73,6 +76,7 @@ class Tracker:
         """A text artifact (e.g. the plan, a summary); kept in the run directory if MLflow fails."""
         if not self.enabled:
             return
+        text = secrets.mask(text)
         if not self._call(lambda: self._client.log_text(self.record.run_id, text, name)):
             path = self.record.run_dir / "unsent_artifacts" / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +139,8 @@ class Tracker:
     def _away(self, err: Exception) -> None:
         if not self._outage:
             log.warning("tracking store %s does not answer (%s); training goes on, metrics are kept "
-                        "and sent when it answers", backend.safe_uri(self.record.tracking_uri), _first_line(err))
+                        "and sent when it answers", backend.safe_uri(self.record.tracking_uri),
+                        secrets.mask(_first_line(err)))
         self._outage = True
         self._retry_at = time.monotonic() + self._pause
         self._pause = min(self._pause * 2, 300.0)
@@ -150,7 +155,7 @@ class Tracker:
         except backend.TrackingUnavailable as err:
             self._away(err)
         except Exception as err:
-            log.warning("tracking call failed (%s); continuing", _first_line(err))
+            log.warning("tracking call failed (%s); continuing", secrets.mask(_first_line(err)))
         return False
 
     # ------------------------------------------------------------------ end

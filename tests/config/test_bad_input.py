@@ -24,6 +24,7 @@ CASES = [
     (["router.top_k=9"], "router.top_k"),
     (["model.num_experts=0"], "model.num_experts"),
     (["optim.lr=-0.1"], "optim.lr"),
+    (["run.name=../../escaped"], "run.name: must be a plain folder name"),
     (["data.sources.0.weights=[0]", "data.sources.1.weights=[0]"], "all zero"),
     (["data.sources.0.kind=text", "data.sources.0.paths=[/nonexistent/corpus.txt]"], "data.sources[0]"),
 ]

@@ -1,0 +1,235 @@
+"""Keeping secrets out of everything marin writes or prints: the one rule, used by every writer.
+
+A secret is found two ways:
+
+* by NAME: a key (at any depth of a config, an override, a dict override's own keys, an
+  environment variable) whose name has a secret-looking component. Names are split into
+  components on ``_ . -`` and camel case (``GH_PAT`` → gh, pat; ``apiKey`` → api, key). A
+  component is secret when it IS one of `WORDS` (key, pat, auth, token…), ENDS with token
+  (``ACCESSTOKEN``, ``hftoken``) or CONTAINS one of `PARTS` (secret, passw, passphrase,
+  credential, cookie, apikey…). Whole components, not substrings of the name, so ordinary keys
+  (``d_model``, ``patience``, ``path``, ``keep_last``, ``monkey``, ``tokens_per_active_param``,
+  ``tokenizer``) stay visible.
+* by VALUE: every value seen under a secret name is remembered (`remember`), and `mask` replaces
+  it in any text: a run directory's name, record.json, MLflow params/tags/artifacts, log lines,
+  error lines. Passwords in URIs (``http://user:pw@host``) are masked too.
+
+`guard_output` wraps this process's stdout/stderr so that whatever is printed (our logs, Hydra's
+crash line, a traceback) goes through `mask`. Pure Python (no JAX, no MLflow).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+
+REDACTED = "<redacted>"
+WORDS = {"key", "keys", "pat", "auth", "authorization", "oauth", "bearer", "pwd", "pw", "pass",
+         "token", "sig", "signature", "otp", "pin"}
+SUFFIXES = ("token",)
+PARTS = ("secret", "passw", "passphrase", "credential", "cookie", "apikey", "accesskey", "privatekey",
+         "secretkey", "sessionid")
+# Whole names that match the rule but hold no secret (the shell's working directories, a socket path).
+NOT_SECRET = {"PWD", "OLDPWD", "SSH_AUTH_SOCK"}
+MIN_LENGTH = 4          # shorter values would mask ordinary text everywhere
+ENV_MIN_LENGTH = 8      # the environment is not ours: a short value there (KEY=main) is no real secret
+_PLAIN = {"true", "false", "none", "null", "yes", "no"}
+# scheme://user:password@host → the password part.
+_URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):([^/\s@'\"]+)@")
+
+_known: set[str] = set()
+
+
+def components(name: str) -> list[str]:
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", str(name))   # HFToken → HF_Token
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", spaced)          # apiKey → api_Key
+    return [c for c in re.split(r"[^a-z0-9]+", spaced.lower()) if c]
+
+
+def looks_secret(name: str) -> bool:
+    """True for a key/variable name that holds a secret (see the module docstring)."""
+    if str(name).split(".")[-1] in NOT_SECRET:
+        return False
+    return any(c in WORDS or c.endswith(SUFFIXES) or any(p in c for p in PARTS) for c in components(name))
+
+
+# ---------------------------------------------------------------------------- values
+
+def remember(value, min_length: int = MIN_LENGTH) -> None:
+    """Mask `value` wherever it appears from now on (in this process)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            remember(v)
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            remember(v)
+        return
+    if value is None or isinstance(value, bool):
+        return
+    text = str(value).strip()
+    if len(text) >= min_length and text.lower() not in _PLAIN and text != REDACTED:
+        _known.add(text)
+
+
+def known() -> frozenset[str]:
+    return frozenset(_known)
+
+
+def forget_all() -> None:
+    """Tests only: start from no remembered values."""
+    _known.clear()
+
+
+def mask(text: str) -> str:
+    """`text` with every remembered secret and every URI password replaced by <redacted>."""
+    if not isinstance(text, str) or not text:
+        return text
+    for secret in sorted(_known, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    if "://" in text:
+        text = _URI_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+    return text
+
+
+def _uri_passwords(text: str) -> None:
+    if "://" in text:
+        for m in _URI_PASSWORD.finditer(text):
+            if m.group(2) != REDACTED:
+                remember(m.group(2))
+
+
+def scan(tree, secret: bool = False) -> None:
+    """Remember the values under secret keys of a nested dict/list (and passwords in URIs)."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            scan(v, secret or looks_secret(str(k)))
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            scan(v, secret)
+    elif secret:
+        remember(tree)
+    elif isinstance(tree, str):
+        _uri_passwords(tree)
+
+
+def scan_environment(environ=None) -> None:
+    """Remember the values of secret-named environment variables (so `${oc.env:…}` or a log
+    line quoting them cannot show them)."""
+    for name, value in (os.environ if environ is None else environ).items():
+        if looks_secret(name):
+            remember(value, ENV_MIN_LENGTH)
+
+
+def _split(override: str) -> tuple[str, str, str]:
+    key, sep, value = override.partition("=")
+    return key.lstrip("+~"), sep, value
+
+
+def scan_overrides(overrides) -> None:
+    """Remember the secrets of command-line overrides: `x.HF_TOKEN=v`, `+hardware.env={HF_TOKEN: v}`."""
+    for o in overrides:
+        key, sep, value = _split(str(o))
+        if not sep:
+            continue
+        if looks_secret(key.rsplit(".", 1)[-1]):
+            remember(value.strip("'\""))
+            continue
+        _uri_passwords(value)
+        if value.lstrip()[:1] in "{[" and value.strip():
+            scan(_parse_value(key, value))
+
+
+def _parse_value(key: str, value: str):
+    """A dict/list override value as data (Hydra's own parser; a lenient fallback)."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_override(f"{key}={value}").value()
+        if isinstance(parsed, (dict, list)):
+            return parsed
+    except Exception:
+        pass
+    return {k: v.strip().strip("'\"") for k, v in re.findall(r"([\w.-]+)\s*:\s*([^,}\]]+)", value)}
+
+
+# ---------------------------------------------------------------------------- writers' helpers
+
+def redact(tree, secret: bool = False):
+    """A copy of a nested dict/list: values under secret keys (any depth) are <redacted> (and
+    remembered), remembered values and URI passwords in other strings are masked."""
+    if isinstance(tree, dict):
+        return {k: redact(v, secret or looks_secret(str(k))) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [redact(v, secret) for v in tree]
+    if secret:
+        remember(tree)
+        return REDACTED if tree is not None else None
+    if isinstance(tree, str):
+        _uri_passwords(tree)
+        return mask(tree)
+    return tree
+
+
+def redact_override(override: str) -> str:
+    """`hardware.env.HF_TOKEN=abc` → `hardware.env.HF_TOKEN=<redacted>`; the secrets inside a
+    dict override (`+hardware.env={HF_TOKEN: abc}`) and URI passwords are masked in place."""
+    scan_overrides([override])
+    key, sep, value = _split(override)
+    if sep and looks_secret(key.rsplit(".", 1)[-1]):
+        return f"{override.partition('=')[0]}={REDACTED}"
+    return mask(override)
+
+
+def safe_uri(uri: str) -> str:
+    """A URI without its password (user names are kept)."""
+    return mask(uri) if isinstance(uri, str) else uri
+
+
+# ---------------------------------------------------------------------------- printed output
+
+class MaskingStream:
+    """A text stream that masks secrets before they reach the real one (everything else, e.g.
+    encoding, fileno, isatty, is the real stream's)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._stream.write(mask(text) if isinstance(text, str) else text)
+
+    def flush(self):
+        return self._stream.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, buffer…
+        return getattr(self._stream, name)
+
+
+class MaskingFilter(logging.Filter):
+    """Masks a log record's message (for handlers whose stream is not guarded, e.g. pytest's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        masked = mask(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+def guard_output(argv=None) -> None:
+    """Remember the secrets of `argv` and of the environment, and mask stdout/stderr from now
+    on (idempotent)."""
+    scan_environment()
+    scan_overrides([a for a in (argv or []) if "=" in a])
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, MaskingStream):
+            setattr(sys, name, MaskingStream(stream))
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, MaskingFilter) for f in handler.filters):
+            handler.addFilter(MaskingFilter())
