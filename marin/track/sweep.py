@@ -294,7 +294,8 @@ def children(client, parent) -> list:
 
 def close_if_done(client, parent_id: str) -> str | None:
     """End the parent once every child has ended (and, when the sweep's size is known, all of
-    them exist): FINISHED if they all finished, else FAILED. Returns the status set, if any."""
+    them exist): FINISHED if they all finished, FAILED if one failed, else KILLED. Returns the
+    status set, if any."""
     parent = client.get_run(parent_id)
     if parent.info.status in TERMINAL:
         return None
@@ -304,7 +305,8 @@ def close_if_done(client, parent_id: str) -> str | None:
         return None
     if expected and len(kids) < int(expected):
         return None
-    status = "FINISHED" if all(k.info.status == "FINISHED" for k in kids) else "FAILED"
+    states = {k.info.status for k in kids}
+    status = "FINISHED" if states == {"FINISHED"} else "FAILED" if "FAILED" in states else "KILLED"
     client.set_terminated(parent_id, status)
     return status
 

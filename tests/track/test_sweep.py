@@ -138,11 +138,12 @@ def test_local_sweep_life_cycle(tmp_path):
     ends FAILED with them, and `marin.status` finds the sweep by name."""
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path}/mlflow.db"
     done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e30,1e-3", f"run.out_dir={out}",
-                      f"tracking.uri={uri}", "run.sweep=life")
+                      f"tracking.uri={uri}", "run.sweep=life",
+                      f"data.cache_dir={PROJECT_ROOT}/outputs/cache/tokens-tests")
     assert done.returncode == 3, done.stderr[-3000:]   # the worst job's status: a non-finite loss
     err = done.stderr
-    assert err.index("sweep life: 2 jobs, MLflow parent run") < err.index("job 1/2: optim.lr=1e30")
-    assert "job 2/2: optim.lr=0.001" in err and "error: job 1/2 (optim.lr=1e30) failed (exit status 3)" in err
+    assert err.index("sweep life: 2 jobs, MLflow parent run") < err.index("job 1/2: optim.lr=1e+30")
+    assert "job 2/2: optim.lr=0.001" in err and "error: job 1/2 (optim.lr=1e+30) failed (exit status 3)" in err
     parent_id = err.split("MLflow parent run ")[1].split()[0]
     client = MlflowClient(uri)
     assert client.get_run(parent_id).info.status == "FAILED"
@@ -150,7 +151,7 @@ def test_local_sweep_life_cycle(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     rows = {line.split()[0]: line.split()[1:4] for line in status.stdout.splitlines()[2:]}
-    assert rows["lr=0.001"][:2] == ["FINISHED", "2/2"] and rows["lr=1e30"][0] == "FAILED"
+    assert rows["lr=0.001"][:2] == ["FINISHED", "2/2"] and rows["lr=1e+30"][0] == "FAILED"
 
 
 def test_sweep_typos_fail_before_any_job():
