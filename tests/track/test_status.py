@@ -76,3 +76,16 @@ def test_status_errors(store, tmp_path, capsys):
         status.main([])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "required: sweep" in err
+
+
+def test_run_tools_usage_errors_are_one_line(tmp_path, capsys):
+    from marin import diff, forecast
+
+    for main, argv in ((diff.main, []), (forecast.main, ["some_sweep"]), (status.main, ["a", "--bogus"])):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert diff.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such run directory" in err
