@@ -85,7 +85,7 @@ class MarinLauncher(Launcher):
         return jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from marin.launch.entry import fail, setup_logging
+        from marin.launch.entry import setup_logging
 
         setup_globals()
         setup_logging()
