@@ -6,11 +6,11 @@ configs are compared (what was trained); a leaf whose composed value was ``auto`
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from omegaconf import OmegaConf
 
+from marin.cli import Parser, fail
 from marin.track import record
 from marin.track.record import flatten
 
@@ -44,7 +44,7 @@ def _short(value, width: int = 40) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marin.diff", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.diff", description=__doc__.split("\n")[0])
     parser.add_argument("run_a")
     parser.add_argument("run_b")
     parser.add_argument("--composed", action="store_true", help="compare the configs as composed (with auto)")
@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = record.open(args.run_a, tracking_uri=args.tracking_uri)
         b = record.open(args.run_b, tracking_uri=args.tracking_uri)
+        rows = differences(a, b, "composed" if args.composed else "resolved", bookkeeping=args.all)
     except record.RecordError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    rows = differences(a, b, "composed" if args.composed else "resolved", bookkeeping=args.all)
+        return fail(err)
+    except (OSError, ValueError) as err:  # a damaged run directory
+        return fail(f"cannot read the runs' configs: {err}")
     print(f"A: {a.run_dir.name}  ({a.run_id})")
     print(f"B: {b.run_dir.name}  ({b.run_id})")
     ga, gb = a.info().get("git", {}).get("commit"), b.info().get("git", {}).get("commit")

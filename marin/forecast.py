@@ -11,7 +11,6 @@ saves a plot and logs both to the sweep's parent run.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from marin.cli import Parser, fail
 from marin.config.schema import Config
 from marin.model import accounting
 from marin.track import backend, sweep
@@ -29,6 +29,19 @@ log = logging.getLogger("marin.forecast")
 
 FRACTIONS = tuple(round(0.05 * k, 2) for k in range(1, 21))
 DEFAULT_E = 1.5
+MIN_RUNGS = 3
+# Composed-config leaves a ladder's rungs may differ in: size, batch, where it runs, step counts
+# (and bookkeeping). Any other difference (a learning rate, a router) is not a ladder.
+LADDER_FREE = ("model.name", "model.d_model", "model.num_layers", "model.expert_width", "model.latent_dim",
+               "model.shared_width", "model.init_std", "attention.num_heads", "attention.kv_heads_local",
+               "attention.kv_heads_global", "train.steps", "train.stop_after", "train.eval_every",
+               "train.global_batch", "train.micro_batch", "train.log_every", "train.checkpoint.",
+               "schedule.horizon_steps", "hardware.", "run.", "tracking.", "data.root", "data.cache_dir",
+               "dry_run", "wait", "reproduce", "resume")
+
+
+class NotALadder(ValueError):
+    """The sweep's runs cannot give a scaling law, or the fit is not to be trusted."""
 
 
 @dataclass
@@ -38,6 +51,7 @@ class Rung:
     steps: int                     # the run's training horizon
     flops_per_step: float          # 3 × forward FLOPs/token without the head × tokens per step
     history: list[tuple[int, float]]  # (step, loss), sorted
+    leaves: dict | None = None     # its composed config, flattened (what a ladder check compares)
 
     def loss_at(self, step: float) -> float | None:
         """The loss at `step`, linearly interpolated between evaluations; None outside them."""
@@ -56,9 +70,13 @@ class Fit:
     r2: float
     points: list[tuple[float, float]]  # (C, L) of the rungs
     target_C: float | None = None
+    band_fn: object = None             # C -> (low, high), the 95% band; None when it cannot be had
 
     def predict(self, C: float) -> float:
         return self.E + self.A * C ** -self.alpha
+
+    def band(self, C: float) -> tuple[float, float] | None:
+        return self.band_fn(C) if self.band_fn is not None else None
 
 
 def training_flops_per_step(cfg: Config) -> float:
@@ -85,8 +103,85 @@ def rungs_of(client, parent, metric: str) -> list[Rung]:
             continue
         cfg = load_resolved(run_dir)
         rungs.append(Rung(kid.info.run_name or kid.info.run_id, kid.info.run_id, horizon(cfg),
-                          training_flops_per_step(cfg), history))
+                          training_flops_per_step(cfg), history, _composed_leaves(run_dir)))
     return rungs
+
+
+def _composed_leaves(run_dir: str | Path) -> dict:
+    from marin.track.record import COMPOSED, flatten
+
+    return flatten(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / COMPOSED), resolve=True))
+
+
+def check_ladder(rungs: list[Rung]) -> None:
+    """Raise NotALadder unless the rungs are ≥ 3 compute scales of one recipe."""
+    scales = sorted({r.flops_per_step for r in rungs})
+    if len(scales) < MIN_RUNGS:
+        raise NotALadder(f"not a ladder: {len(rungs)} run(s) at {len(scales)} distinct compute scale(s); "
+                         f"a fit needs at least {MIN_RUNGS} (rungs of different model size)")
+    known = [r for r in rungs if r.leaves is not None]
+    differing = sorted({k for r in known for k in r.leaves if not k.startswith(LADDER_FREE)
+                        and len({repr(q.leaves.get(k)) for q in known}) > 1})
+    if differing:
+        values = ", ".join(f"{k} = {sorted({str(q.leaves.get(k)) for q in known})}" for k in differing[:3])
+        raise NotALadder(f"not a ladder: the runs differ in more than size and steps ({values}"
+                         f"{' …' if len(differing) > 3 else ''})")
+
+
+def check_fit(fit: Fit, min_r2: float) -> None:
+    """Raise NotALadder for a fit whose prediction would mean nothing."""
+    at = f"the fit at {round(fit.fraction * 100)}% of training"
+    if fit.alpha <= 0:
+        raise NotALadder(f"{at} has alpha = {fit.alpha:.4f} ≤ 0: the loss does not fall with compute")
+    if fit.r2 < min_r2:
+        raise NotALadder(f"{at} has R² = {fit.r2:.3f} < --min-r2 {min_r2}: the law does not describe the rungs")
+
+
+def _t95(dof: int) -> float:
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, dof))
+
+
+def band_fixed_E(C: np.ndarray, L: np.ndarray, E: float, A: float, alpha: float):
+    """95% band of E + exp(a + b·log C) from the regression's standard errors (n − 2 dof)."""
+    x, y = np.log(C), np.log(L - E)
+    n = len(x)
+    if n < 3:
+        return None
+    resid = y - (math.log(A) - alpha * x)
+    s = math.sqrt(float(resid @ resid) / (n - 2))
+    sxx = float(((x - x.mean()) ** 2).sum())
+    t = _t95(n - 2)
+
+    def band(c: float) -> tuple[float, float]:
+        x0 = math.log(c)
+        se = s * math.sqrt(1.0 / n + (x0 - x.mean()) ** 2 / sxx)
+        mid = math.log(A) - alpha * x0
+        return E + math.exp(mid - t * se), E + math.exp(mid + t * se)
+    return band
+
+
+def band_with_E(C: np.ndarray, L: np.ndarray, E: float, A: float, alpha: float):
+    """95% band of E + A·C^−α with E fitted: the delta method on least squares (n − 3 dof)."""
+    n = len(C)
+    if n < 4:
+        return None
+    resid = E + A * C ** -alpha - L
+    J = np.stack([np.ones_like(C), C ** -alpha, -A * C ** -alpha * np.log(C)], axis=1)
+    s2 = float(resid @ resid) / (n - 3)
+    try:
+        cov = s2 * np.linalg.inv(J.T @ J)
+    except np.linalg.LinAlgError:
+        return None
+    t = _t95(n - 3)
+
+    def band(c: float) -> tuple[float, float]:
+        g = np.array([1.0, c ** -alpha, -A * c ** -alpha * math.log(c)])
+        se = math.sqrt(max(float(g @ cov @ g), 0.0))
+        mid = E + A * c ** -alpha
+        return mid - t * se, mid + t * se
+    return band
 
 
 def fit_fixed_E(C: np.ndarray, L: np.ndarray, E: float) -> tuple[float, float]:
@@ -137,8 +232,9 @@ def fit_at(rungs: list[Rung], fraction: float, E: float | None) -> Fit | None:
         E_fit, (A, alpha) = E, fit_fixed_E(C, L, E)
     predicted = E_fit + A * C ** -alpha
     total = np.sum((L - L.mean()) ** 2)
-    r2 = 1.0 - np.sum((L - predicted) ** 2) / total if total > 0 else 1.0
-    return Fit(fraction, E_fit, A, alpha, float(r2), points)
+    r2 = 1.0 - np.sum((L - predicted) ** 2) / total if total > 0 else 0.0  # flat losses explain nothing
+    band = band_with_E(C, L, E_fit, A, alpha) if E is None else band_fixed_E(C, L, E_fit, A, alpha)
+    return Fit(fraction, E_fit, A, alpha, float(r2), points, band_fn=band)
 
 
 def target_config(target: str, overrides: list[str]) -> Config:
@@ -185,9 +281,9 @@ def plot(fits: list[Fit], target: str, path: Path) -> Path:
 
 def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: float | None = DEFAULT_E,
              target_overrides: list[str] = ()) -> tuple[list[Fit], Config]:
+    """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder."""
     rungs = rungs_of(client, parent, metric)
-    if len(rungs) < (3 if E is None else 2):
-        raise ValueError(f"{len(rungs)} ladder run(s) with {metric}: too few to fit")
+    check_ladder(rungs)
     cfg = target_config(target, list(target_overrides))
     fits = [f for f in (fit_at(rungs, frac, E) for frac in FRACTIONS) if f is not None]
     for fit in fits:
@@ -195,47 +291,58 @@ def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: fl
     return fits, cfg
 
 
+def _band_text(fit: Fit) -> str:
+    band = fit.band(fit.target_C)
+    return f"{band[0]:.4f}–{band[1]:.4f}" if band else "n/a"
+
+
 def table(fits: list[Fit], target: str) -> str:
-    lines = [f"{'at':>4}  {'rungs':>5}  {'E':>6}  {'A':>10}  {'alpha':>7}  {'R²':>6}  {'target C':>10}  {target} loss"]
+    lines = [f"{'at':>4}  {'rungs':>5}  {'E':>6}  {'A':>10}  {'alpha':>7}  {'R²':>6}  {'target C':>10}  "
+             f"{target + ' loss':>14}  95% band"]
     for f in fits:
         lines.append(f"{round(f.fraction * 100):>3}%  {len(f.points):>5}  {f.E:>6.3f}  {f.A:>10.4g}  {f.alpha:>7.4f}  "
-                     f"{f.r2:>6.3f}  {f.target_C:>10.3e}  {f.predict(f.target_C):.4f}")
+                     f"{f.r2:>6.3f}  {f.target_C:>10.3e}  {f.predict(f.target_C):>14.4f}  {_band_text(f)}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marin.forecast", description=__doc__.split("\n")[0])
-    parser.add_argument("sweep", help="the ladder's sweep directory or its parent MLflow run id")
+    parser = Parser(prog="python -m marin.forecast", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep", help="the ladder sweep: its name, directory or parent MLflow run id")
     parser.add_argument("--target", required=True, help="experiment whose loss to predict (conf/experiment/<name>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the target's config (repeatable)")
     parser.add_argument("--metric", default="eval/macro_loss")
     parser.add_argument("--E", type=float, default=DEFAULT_E, help="the fixed asymptote (default 1.5)")
     parser.add_argument("--fit-E", action="store_true", help="fit E too instead of fixing it")
+    parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
     parser.add_argument("--out", type=Path, help="the plot's path (default: the sweep directory)")
     parser.add_argument("--tracking-uri")
+    parser.add_argument("--out-dir", help="where sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        client, parent = sweep.open_parent(args.sweep, args.tracking_uri)
+        client, parent = sweep.open_parent(args.sweep, args.tracking_uri, args.out_dir)
         fits, _ = forecast(client, parent, args.target, args.metric, None if args.fit_E else args.E, args.set)
+        if not fits:
+            raise NotALadder("no point of training has enough rungs with a loss above E to fit")
+        check_fit(fits[-1], args.min_r2)
     except (sweep.SweepNotFound, backend.TrackingUnavailable, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if not fits:
-        print("error: no point of training has enough rungs to fit", file=sys.stderr)
-        return 2
+        return fail(err)
+    except Exception as err:  # the target does not compose, the store answers with an error
+        return fail(f"{type(err).__name__}: {err}")
     text = table(fits, args.target)
     print(text)
     final = fits[-1]
     print(f"forecast for {args.target} at {round(final.fraction * 100)}% of training: "
-          f"{final.predict(final.target_C):.4f}")
+          f"{final.predict(final.target_C):.4f} (95% band {_band_text(final)}; "
+          f"alpha {final.alpha:.4f}, R² {final.r2:.3f}, {len(final.points)} rungs)")
     folder = Path(parent.data.tags.get("sweep_dir") or ".")
     path = args.out or folder / f"forecast-{args.target}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     plot(fits, args.target, path)
     rows = [{"fraction": f.fraction, "E": f.E, "A": f.A, "alpha": f.alpha, "r2": f.r2, "points": f.points,
-             "target_C": f.target_C, "target_loss": f.predict(f.target_C)} for f in fits]
+             "target_C": f.target_C, "target_loss": f.predict(f.target_C), "band95": f.band(f.target_C)}
+            for f in fits]
     run_id = parent.info.run_id
     client.log_artifact(run_id, str(path), "forecast")
     client.log_text(run_id, text + "\n", f"forecast/forecast-{args.target}.txt")

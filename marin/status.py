@@ -1,19 +1,20 @@
-"""`python -m marin.status <sweep directory or parent run id>`: a sweep's jobs at a glance.
+"""`python -m marin.status <sweep>`: a sweep's jobs at a glance.
 
-Prints each job (the overrides that make it differ) with its MLflow state, Slurm state, last
-step and latest training loss. Reconciles Slurm's view: a job that Slurm ended badly
+The sweep is its name (`lr_grid`: the newest sweep of that name), its directory (printed when
+`launch.py -m` starts) or its parent MLflow run id. Prints each job (the overrides that make it
+differ) with its MLflow state, Slurm state, step N of M and latest training loss. Reconciles Slurm's view: a job that Slurm ended badly
 (CANCELLED, OUT_OF_MEMORY, TIMEOUT, FAILED, …) while its MLflow run still says RUNNING never got
 to finish its run, so the run is marked FAILED. The parent run is closed once every job has ended.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from marin.cli import Parser, fail
 from marin.track import backend, record, sweep
 
 SLURM_FAILED = ("CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "FAILED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
@@ -27,8 +28,9 @@ class Job:
     state: str
     slurm_job: str | None
     slurm_state: str | None
-    step: int | None
+    step: int | None      # steps done (the last logged step + 1)
     loss: float | None
+    total: int | None = None  # the steps it will run (train.stop_after or train.steps)
 
 
 def slurm_job_of(run) -> str | None:
@@ -68,6 +70,14 @@ def _latest(client, run_id: str, key: str) -> tuple[int | None, float | None]:
     return last.step, last.value
 
 
+def _total(params: dict) -> int | None:
+    """The steps a run will take, from its logged config."""
+    for key in ("train.stop_after", "schedule.horizon_steps", "train.steps"):
+        if str(params.get(key, "None")).isdigit():
+            return int(params[key])
+    return None
+
+
 def reconcile(client, parent) -> tuple[list[Job], str | None]:
     """The jobs of the sweep, after marking FAILED the runs whose Slurm job ended badly; and the
     status the parent was closed with (None if it stays open)."""
@@ -84,8 +94,9 @@ def reconcile(client, parent) -> tuple[list[Job], str | None]:
             client.set_terminated(run_id, "FAILED")
             status = "FAILED"
         step, loss = _latest(client, run_id, LOSS)
-        label = " ".join(json.loads(kid.data.tags.get("sweep_overrides", "[]"))) or kid.info.run_name
-        jobs.append(Job(run_id, label, status, slurm_job, slurm_state, step, loss))
+        label = sweep.child_name(json.loads(kid.data.tags.get("sweep_overrides", "[]"))) or kid.info.run_name
+        jobs.append(Job(run_id, label, status, slurm_job, slurm_state, None if step is None else step + 1, loss,
+                        _total(kid.data.params)))
     closed = sweep.close_if_done(client, parent.info.run_id)
     return jobs, closed
 
@@ -98,27 +109,33 @@ def print_table(parent, jobs: list[Job], closed: str | None, out=None) -> None:
           f"{parent.info.status}, "
           f"{len(jobs)}{'/' + expected if expected else ''} jobs", file=out)
     width = max([len(j.label) for j in jobs] + [3])
-    print(f"{'job':<{width}}  {'state':<9}  {'slurm':<22}  {'step':>7}  {'loss':>8}  run", file=out)
+    on_slurm = any(j.slurm_job for j in jobs)  # the Slurm column only for sweeps that use it
+    head = f"{'slurm':<22}  " if on_slurm else ""
+    print(f"{'job':<{width}}  {'state':<9}  {head}{'step':>11}  {'loss':>8}  run", file=out)
     for j in jobs:
-        slurm = f"{j.slurm_job} {j.slurm_state or ''}".strip() if j.slurm_job else "-"
-        step = "-" if j.step is None else str(j.step)
+        slurm = (f"{j.slurm_job} {j.slurm_state or ''}".strip() if j.slurm_job else "-") if on_slurm else ""
+        slurm = f"{slurm:<22}  " if on_slurm else ""
+        step = f"{'-' if j.step is None else j.step}/{'?' if j.total is None else j.total}"
         loss = "-" if j.loss is None else f"{j.loss:.4f}"
-        print(f"{j.label:<{width}}  {j.state:<9}  {slurm:<22}  {step:>7}  {loss:>8}  {j.run_id}", file=out)
+        print(f"{j.label:<{width}}  {j.state:<9}  {slurm}{step:>11}  {loss:>8}  {j.run_id}", file=out)
     if closed:
         print(f"every job has ended: parent run closed {closed}", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marin.status", description=__doc__.split("\n")[0])
-    parser.add_argument("sweep", help="sweep directory (outputs/sweeps/<name>-<id>) or the parent's MLflow run id")
+    parser = Parser(prog="python -m marin.status", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep", help="the sweep's name (its newest run), its directory "
+                        "(outputs/sweeps/<name>-<id>) or its parent's MLflow run id")
     parser.add_argument("--tracking-uri", help="default: the sweep directory's, $MLFLOW_TRACKING_URI or the project's")
+    parser.add_argument("--out-dir", help="where sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     try:
-        client, parent = sweep.open_parent(args.sweep, args.tracking_uri)
+        client, parent = sweep.open_parent(args.sweep, args.tracking_uri, args.out_dir)
+        jobs, closed = reconcile(client, parent)
     except (sweep.SweepNotFound, backend.TrackingUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    jobs, closed = reconcile(client, parent)
+        return fail(err)
+    except Exception as err:  # the store answered with an error
+        return fail(f"{args.sweep}: {err}")
     print_table(client.get_run(parent.info.run_id), jobs, closed)
     return 0
 

@@ -1,17 +1,23 @@
-"""A Hydra launcher that submits a multirun's Slurm jobs as one job array and returns at once.
+"""marin's Hydra launcher: every job of a multirun is validated before the first one starts.
 
-`python launch.py -m hydra/launcher=marin_slurm hardware=slurm_cpu optim.lr=1e-3,3e-3` composes
-every job, validates them all (one bad job stops the multirun before anything is created),
-creates each job's run directory and MLflow run, then submits them through submitit's
-`executor.batch()` — one `sbatch --array` per distinct hardware request — prints one line per
-job and returns. `wait=true` follows the array. Jobs whose hardware is not Slurm (and dry runs)
-run in this process one after another, as Hydra's basic launcher would run them.
+`python launch.py -m optim.lr=1e-3,3e-3 [hardware=slurm_cpu]`:
 
+1. compose and validate every job (`check_jobs`): a bad job prints one line naming its overrides
+   and the field and exits 2 before anything is trained, written or submitted;
+2. make the sweep's MLflow parent run and print its id, directory and the `marin.status` command;
+3. jobs with a Slurm hardware: create each job's run directory and MLflow run and submit them as
+   one job array per distinct request (submitit's `executor.batch()`), print a line per job and
+   return (`wait=true` follows the array);
+4. other jobs run here, one after another; one that fails does not stop the others; the parent
+   ends FINISHED, FAILED or KILLED (Ctrl-C) with them, and the exit status is the worst job's.
+
+A multirun `dry_run=json` prints one JSON line per job: its overrides and its plan.
 hydra-submitit-launcher is not used: it blocks until every job ends and cannot start the
 multi-process JAX tasks this project needs (see marin/launch/slurm.py).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,6 +30,8 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, se
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from marin.launch.multirun import Job, check_jobs, compose_problem, labels
 
 log = logging.getLogger("marin.launcher")
 
@@ -41,9 +49,9 @@ def _schema():
     return OmegaConf.structured(Config)
 
 
-def _goes_to_slurm(task: DictConfig) -> bool:
-    return (task.hardware.launcher == "slurm" and not task.get("dry_run")
-            and not task.get("resume") and not task.get("reproduce"))
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 class MarinLauncher(Launcher):
@@ -60,92 +68,192 @@ class MarinLauncher(Launcher):
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        setup_globals()
-        assert self.config is not None and self.hydra_context is not None
+    # ------------------------------------------------------------------ all jobs
+    def compose(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Job]:
         jobs = []
-        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = idx
-                sweep_config.hydra.job.num = idx
-            jobs.append((idx, list(overrides), sweep_config, _task_config(sweep_config)))
-        slurm = [j for j in jobs if _goes_to_slurm(j[3])]
-        returns = dict(self._submit_array(slurm)) if slurm else {}
-        for idx, overrides, sweep_config, task in jobs:
-            if idx not in returns:
-                log.info("#%d : %s", idx, " ".join(filter_overrides(overrides)))
-                returns[idx] = run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                       config=sweep_config, job_dir_key="hydra.sweep.dir",
-                                       job_subdir_key="hydra.sweep.subdir")
-        return [returns[idx] for idx, *_ in jobs]
+        for (idx, overrides), label in zip(enumerate(job_overrides, start=initial_job_idx), labels(job_overrides)):
+            job = Job(idx, list(overrides), label=label)
+            try:
+                job.sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(job.sweep_config):
+                    job.sweep_config.hydra.job.id = idx
+                    job.sweep_config.hydra.job.num = idx
+                job.task = _task_config(job.sweep_config)
+            except Exception as err:  # Hydra's composition: an unknown key or option
+                job.problems.append(compose_problem(err))
+            jobs.append(job)
+        return jobs
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from marin.launch.entry import setup_logging
+
+        setup_globals()
+        setup_logging()
+        assert self.config is not None and self.hydra_context is not None
+        jobs = self.compose(job_overrides, initial_job_idx)
+        problems = check_jobs(jobs)
+        if problems:  # one line each; nothing was started, written or submitted
+            print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+            sys.exit(2)
+
+        sweeps = self._begin_sweeps([j for j in jobs if j.trains])
+        returns: dict[int, JobReturn] = {}
+        slurm = [j for j in jobs if j.slurm]
+        if slurm:
+            returns.update(self._submit_array(slurm))
+        local = [j for j in jobs if j.idx not in returns]
+        failed, interrupted = [], False
+        try:
+            for job in local:
+                if job.task.get("dry_run") == "json" and job.resolved is not None:
+                    returns[job.idx] = self._json_plan(job)
+                    continue
+                log.info("job %d/%d: %s", jobs.index(job) + 1, len(jobs), job.label)
+                returns[job.idx], code = self._run_here(job)
+                if code:
+                    failed.append((job, code))
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            self._end_sweeps(sweeps, slurm, interrupted)
+        if failed:
+            for job, code in failed:
+                print(f"error: job {jobs.index(job) + 1}/{len(jobs)} ({job.label}) failed (exit status {code})",
+                      file=sys.stderr)
+            sys.exit(max(code for _, code in failed))
+        return [returns[j.idx] for j in jobs]
+
+    def _run_here(self, job: Job) -> tuple[JobReturn, int]:
+        """Run one job in this process; (its return, 0 or the exit status it failed with)."""
+        try:
+            ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                          config=job.sweep_config, job_dir_key="hydra.sweep.dir",
+                          job_subdir_key="hydra.sweep.subdir")
+        except SystemExit as exit_:  # `fail(...)` or a non-finite loss: the other jobs still run
+            code = exit_.code if isinstance(exit_.code, int) else 1
+            ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED if not code else JobStatus.FAILED)
+            ret.return_value = None if not code else RuntimeError(f"exit status {code}")
+            return ret, code
+        if ret.status == JobStatus.FAILED:
+            err = ret._return_value  # noqa: SLF001 (reading it would raise)
+            log.error("job %s failed", job.label, exc_info=(type(err), err, err.__traceback__))
+            return ret, 1
+        return ret, 0
+
+    def _json_plan(self, job: Job) -> JobReturn:
+        from marin.launch.plan import plan
+
+        print(json.dumps({"job": job.idx, "overrides": filter_overrides(job.overrides), **plan(job.resolved)},
+                         default=str), flush=True)
+        ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED)
+        ret.return_value = None
+        return ret
+
+    # ------------------------------------------------------------------ the sweep's parent
+    def _begin_sweeps(self, jobs: list[Job]) -> list:
+        """Make each sweep's parent run before any job and say where to watch it."""
+        from marin.launch.entry import fail
+        from marin.track import backend, sweep
+
+        groups: dict[tuple, list[Job]] = {}
+        for job in jobs:
+            r = job.resolved
+            groups.setdefault((backend.tracking_uri(r), backend.experiment_name(r), sweep.sweep_name(r)), []).append(job)
+        made = []
+        try:
+            for members in groups.values():
+                before = HydraConfig.instance().cfg
+                HydraConfig.instance().set_config(members[0].sweep_config)  # as the job will see it
+                try:
+                    launch = sweep.begin(members[0].resolved, expected=len(members))
+                finally:
+                    HydraConfig.instance().cfg = before
+                if launch is None:
+                    continue
+                made.append(launch)
+                folder = _relative(launch.folder)
+                print(f"sweep {launch.name}: {len(members)} jobs, MLflow parent run {launch.parent_id} "
+                      f"(experiment {launch.experiment}, {backend.safe_uri(launch.uri)})\n"
+                      f"  directory: {folder}\n"
+                      f"  watch it:  python -m marin.status {folder}", file=sys.stderr, flush=True)
+        except backend.TrackingUnavailable as err:
+            fail(f"{err}\nno job was started")
+        return made
+
+    def _end_sweeps(self, sweeps: list, slurm: list[Job], interrupted: bool) -> None:
+        """Close the parents of jobs that ran here (Slurm children close theirs when they end)."""
+        from marin.track import sweep
+
+        if slurm:
+            sweep.release()
+            return
+        for launch in sweeps:
+            try:
+                status = sweep.end(launch, interrupted)
+                log.info("sweep %s: parent run %s %s", launch.name, launch.parent_id, status)
+            except Exception as err:  # the store went away: status= closes it later
+                log.warning("could not close the sweep's parent run %s: %s", launch.parent_id, _first_line(err))
 
     # ------------------------------------------------------------------ Slurm
-    def _submit_array(self, jobs) -> list[tuple[int, JobReturn]]:
-        from marin.config.validate import ConfigError, load
+    def _submit_array(self, jobs: list[Job]) -> list[tuple[int, JobReturn]]:
         from marin.launch import slurm
-        from marin.launch.distributed import check_gpu_install
-        from marin.launch.entry import fail, setup_logging
+        from marin.launch.entry import fail
         from marin.track import backend, record
-
-        setup_logging()
-        loaded, problems = [], []
-        for idx, overrides, sweep_config, task in jobs:
-            try:
-                composed, resolved = load(task)
-            except ConfigError as err:
-                problems += [f"  job #{idx} ({' '.join(overrides)}): {n}: {m}" for n, m in err.problems]
-                continue
-            if (problem := check_gpu_install(resolved.hardware)) is not None:
-                problems.append(f"  job #{idx}: {problem}")
-            loaded.append((idx, overrides, sweep_config, composed, resolved))
-        if problems:
-            fail("invalid multirun: nothing was created or submitted\n" + "\n".join(problems))
 
         records = []
         try:
-            for idx, overrides, sweep_config, composed, resolved in loaded:
+            for job in jobs:
                 # as Hydra's run_job does: the record reads the job's Hydra config (multirun mode,
                 # job number) to attach the job to its sweep's MLflow parent run
-                HydraConfig.instance().set_config(sweep_config)
-                records.append(record.create(composed, resolved, overrides))
+                HydraConfig.instance().set_config(job.sweep_config)
+                records.append(record.create(job.composed, job.resolved, job.overrides))
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nnothing was submitted")
 
         # One array per distinct request (an array shares its sbatch parameters).
         groups: dict[str, list[int]] = {}
-        for i, (_, _, _, _, resolved) in enumerate(loaded):
-            groups.setdefault(repr(sorted(slurm.slurm_parameters(resolved).items())), []).append(i)
-        out_root = backend.out_dir(loaded[0][4]) / "slurm-arrays"
+        for i, job in enumerate(jobs):
+            groups.setdefault(repr(sorted(slurm.slurm_parameters(job.resolved).items())), []).append(i)
+        out_root = backend.out_dir(jobs[0].resolved) / "slurm-arrays"
         submitted = {}
         for members in groups.values():
-            first = loaded[members[0]][4]
+            first = jobs[members[0]].resolved
             folder = out_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             ex = slurm.executor(first, folder)
             ex.update_parameters(array_parallelism=self.array_parallelism,
                                  job_name=f"marin-{first.run.sweep or first.run.name}")
             # secrets reach the jobs through sbatch's environment, not the script or the submission
             with slurm.clean_environment(), slurm.secret_environment(first), ex.batch():
-                pending = [ex.submit(slurm.TrainJob(slurm.config_yaml(loaded[i][3]), slurm.record_fields(records[i]), slurm.entry()))
+                pending = [ex.submit(slurm.TrainJob(slurm.config_yaml(jobs[i].composed), slurm.record_fields(records[i]),
+                                                    slurm.entry()))
                            for i in members]
-            for i, job in zip(members, pending):
-                submitted[i] = job
-                slurm._remember_job(records[i], job.job_id)  # noqa: SLF001 (same package)
+            for i, sub in zip(members, pending):
+                submitted[i] = sub
+                slurm._remember_job(records[i], sub.job_id)  # noqa: SLF001 (same package)
             print(f"slurm array {pending[0].job_id.split('_')[0]}: {len(members)} jobs, logs in {folder}", flush=True)
 
         returns = []
-        for i, (idx, overrides, sweep_config, composed, resolved) in enumerate(loaded):
-            job, rec = submitted[i], records[i]
-            print(f"  #{idx} job {job.job_id}  run {rec.run_id}  {rec.run_dir}", flush=True)
-            ret = JobReturn(overrides=overrides, cfg=_task_config(sweep_config), hydra_cfg=sweep_config,
-                            working_dir=os.getcwd(), task_name=sweep_config.hydra.job.name,
+        for i, job in enumerate(jobs):
+            sub, rec = submitted[i], records[i]
+            print(f"  {job.label}: job {sub.job_id}  run {rec.run_id}  {rec.run_dir}", flush=True)
+            ret = JobReturn(overrides=job.overrides, cfg=job.task, hydra_cfg=job.sweep_config,
+                            working_dir=os.getcwd(), task_name=job.sweep_config.hydra.job.name,
                             status=JobStatus.COMPLETED)
-            ret.return_value = {"job_id": job.job_id, "run_dir": str(rec.run_dir), "run_id": rec.run_id}
-            returns.append((idx, ret))
+            ret.return_value = {"job_id": sub.job_id, "run_dir": str(rec.run_dir), "run_id": rec.run_id}
+            returns.append((job.idx, ret))
 
-        if any(resolved.wait for *_, resolved in loaded):
-            failed = [submitted[i].job_id for i in range(len(loaded)) if slurm.follow(submitted[i], self.poll_s)]
+        if any(job.resolved.wait for job in jobs):
+            failed = [submitted[i].job_id for i in range(len(jobs)) if slurm.follow(submitted[i], self.poll_s)]
             if failed:
-                print(f"error: {len(failed)} of {len(loaded)} jobs failed: {', '.join(failed)}", file=sys.stderr)
+                print(f"error: {len(failed)} of {len(jobs)} jobs failed: {', '.join(failed)}", file=sys.stderr)
                 sys.exit(1)
         return returns
+
+
+def _relative(path) -> str:
+    """A path as short as it can be shown: relative to the working directory when inside it."""
+    try:
+        return os.path.relpath(path) if str(path).startswith(os.getcwd() + os.sep) else str(path)
+    except ValueError:
+        return str(path)

@@ -1,9 +1,12 @@
-"""Registers the schemas (and the named sweeps) in Hydra's ConfigStore.
+"""Registers the root schema (and the named sweeps) in Hydra's ConfigStore.
 
-Every group YAML starts with ``defaults: [schema, _self_]``: the dataclass stored here as
-``<group>/schema`` types it, so unknown keys and wrong types fail at compose time. The root
-``schema`` types the top-level keys. The files in ``sweeps/`` are stored as the ``sweep``
-group (package ``_global_``), which is how ``sweep=<name>`` finds them. The resolver
+``conf/config.yaml`` starts its defaults list with ``schema`` (the `Config` dataclass, stored at
+the root, where Hydra lists no options), so every group option is merged into a typed node:
+unknown keys and wrong types fail at compose time, also for option files found through
+``--config-dir``. The group schemas are not stored as group options: an option named ``schema``
+would show in ``--help``, tab completion and ``glob(*)`` and compose as the defaults. The files in
+``sweeps/`` are stored as the ``sweep`` group (package ``_global_``), which is how
+``sweep=<name>`` finds them. The resolver
 ``marin.private_tmp`` gives Hydra's sweep folder a parent that only its owner can read.
 """
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from marin.config.schema import GROUPS, Config
+from marin.config.schema import Config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -51,14 +54,12 @@ def register() -> None:
         OmegaConf.register_new_resolver("marin.private_tmp", private_tmp)
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
-    for group, schema in GROUPS.items():
-        cs.store(group=group, name="schema", node=schema)
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):
         cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
     _registered = True
 
 
 def options(group: str) -> list[str]:
-    """The selectable options of a group (its YAML files; `schema` is not an option)."""
+    """The selectable options of a group (its YAML files)."""
     folder = SWEEPS_DIR if group == "sweep" else CONF_DIR / group
     return sorted(p.stem for p in folder.glob("*.yaml"))

@@ -1,9 +1,10 @@
 """Tokenize a mixture's sources once into cached shards; training reuses them.
 
-    python -m marin.data.prepare [group=option ...] [key=value ...]
+    python -m marin.data.prepare [--config-dir DIR] [group=option ...] [key=value ...]
 
-takes the same overrides as `launch.py` (e.g. ``data=mochi_hero data.root=/data``), validates the
-config, and prepares every source and evaluation set, with a progress bar. The `Loader` calls the
+is a Hydra app composed exactly as `launch.py` is (the same conf/, schemas and named sweeps,
+``--help``, ``--cfg job``, ``--config-dir``); it validates the config (one line per bad field,
+exit 2) and prepares every source and evaluation set, with a progress bar. The `Loader` calls the
 same `prepare_source`, so training without this step works too: it just tokenizes first.
 
 One shard per source, under ``<cache>/<key>/`` where the key hashes the tokenizer, the source's
@@ -166,20 +167,16 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
     return shards, evals
 
 
-def main(argv: list[str]) -> int:
-    from hydra import compose, initialize_config_dir
-
-    from marin.config.store import CONF_DIR, register
+def run(composed) -> int:
+    """Validate a composed config and prepare its data; the exit status."""
     from marin.config.validate import ConfigError, load
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s] %(message)s")
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose("config", overrides=argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s] %(message)s")
     try:
         _, cfg = load(composed)
     except ConfigError as err:
-        print("error: invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems), file=sys.stderr)
+        print("\n".join(f"error: {n}: {m}" for n, m in err.problems), file=sys.stderr)
         return 2
     try:
         shards, evals = prepare(cfg)
@@ -194,5 +191,36 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The Hydra app on `argv` (default: the command line); returns the exit status. Hydra's
+    own composition errors (an unknown option or key) exit as they do for `launch.py`."""
+    import hydra
+
+    from marin.config.store import CONF_DIR, register
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-m" in argv or "--multirun" in argv:
+        print("error: marin.data.prepare takes one config, not a multirun (-m): prepare each in turn",
+              file=sys.stderr)
+        return 2
+    register()
+    status = {"code": 0}
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+    def app(cfg) -> None:
+        status["code"] = run(cfg)
+
+    if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
+        argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
+                "(the same overrides as launch.py) into the cache training reads'"]
+    saved = sys.argv
+    sys.argv = ["python -m marin.data.prepare", *argv]  # Hydra reads its arguments from here
+    try:
+        app()
+    finally:
+        sys.argv = saved
+    return status["code"]
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

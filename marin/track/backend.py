@@ -84,9 +84,23 @@ def experiment_id(mlflow_client, name: str, uri: str) -> str:
     if is_sqlite(uri):
         location = (sqlite_path(uri).parent / "artifacts").as_uri()
     try:
-        return mlflow_client.create_experiment(name, artifact_location=location)
+        made = mlflow_client.create_experiment(name, artifact_location=location)
     except Exception:  # created meanwhile by another job of the same sweep
         exp = mlflow_client.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+    _hide_default_experiment(mlflow_client)
+    return made
+
+
+def _hide_default_experiment(mlflow_client) -> None:
+    """MLflow makes an experiment `Default` (id 0) in every new store, artifacts in ./mlruns;
+    marin never uses it: an empty one is deleted (kept in the store, hidden from the UI)."""
+    try:
+        default = mlflow_client.get_experiment("0")
+        if default.lifecycle_stage == "active" and not mlflow_client.search_runs(["0"], max_results=1):
+            mlflow_client.delete_experiment("0")
+    except Exception:  # a server that forbids it, or no experiment 0: harmless either way
+        pass
+

@@ -260,7 +260,7 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
-        run_id = client.create_run(exp_id, tags=tags, run_name=run_dir.name).info.run_id
+        run_id = client.create_run(exp_id, tags=tags, run_name=secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)).info.run_id
         _log_params(client, run_id, resolved_tree)
         info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": exp_name,
                 "experiment_id": exp_id, "name": resolved.run.name, "config_hash": digest,

@@ -8,7 +8,10 @@ all records made by the launcher at submit time). The sweep id is, in order:
 1. ``run.sweep_id`` if set (to add jobs to an existing sweep later);
 2. ``$MARIN_SWEEP_ID`` (a launcher may export one for its tasks);
 3. ``$SLURM_ARRAY_JOB_ID`` (shared by the tasks of one job array);
-4. one id per launch in this process: drawn anew when Hydra starts job 0 of a multirun.
+4. the id the launcher pinned for this launch (`begin`: it makes the parent before any job);
+5. one id per launch in this process: drawn anew when Hydra starts job 0 of a multirun.
+
+Child runs are named by their swept overrides with short keys (``lr=0.001,router=qb``).
 
 The parent also gets a sweep directory ``<run.out_dir>/sweeps/<name>-<sweep id>/`` with
 ``sweep.json`` (parent run id, tracking URI) and ``jobs.jsonl`` (one line per child), which
@@ -23,6 +26,7 @@ import re
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from marin.config.schema import Config
@@ -66,6 +70,8 @@ def sweep_id(cfg: Config) -> str:
     explicit = cfg.run.sweep_id or os.environ.get("MARIN_SWEEP_ID") or os.environ.get("SLURM_ARRAY_JOB_ID")
     if explicit:
         return re.sub(r"[^\w.-]", "_", str(explicit))  # it goes into file names and MLflow filters
+    if _launch.get("pinned"):
+        return _launch["id"]
     hc = _hydra()
     if _job_num(hc) == 0 and _launch.get("job0") is not hc:  # job 0 of a new launch in this process
         _launch.update(id=uuid.uuid4().hex[:8], job0=hc)
@@ -149,11 +155,42 @@ def attach(client, exp_id: str, cfg: Config, overrides: list[str], uri: str) -> 
     return tags, made
 
 
-def _create_parent(client, exp_id, cfg: Config, name: str, sid: str, folder: Path, uri: str) -> str:
+def _short_value(value: str) -> str:
+    """A swept value for a run name: a dict's `name` if it has one (the ladder's rungs)."""
+    if value.startswith("{"):
+        match = re.search(r"\bname\s*:\s*([^,}]+)", value)
+        if match:
+            return match.group(1).strip()
+    return value
+
+
+def child_name(overrides: list[str]) -> str | None:
+    """`["optim.lr=0.001", "router=qb"]` → `lr=0.001,router=qb` (the last part of each key);
+    None when nothing was swept. Keys that would clash keep their full path."""
+    keys = [_key(o) for o in overrides]
+    short = [k.rsplit(".", 1)[-1] for k in keys]
+    parts = []
+    for o, k, s in zip(overrides, keys, short):
+        value = _short_value(o.split("=", 1)[1]) if "=" in o else ""
+        parts.append(f"{s if short.count(s) == 1 else k}={value}")
+    return ",".join(parts)[:250] or None
+
+
+def run_name(tags: dict) -> str | None:
+    """The MLflow run name of a sweep's child (from `attach`'s tags); None outside a sweep."""
+    if not tags.get("sweep_overrides"):
+        return None
+    return child_name(json.loads(tags["sweep_overrides"]))
+
+
+def _create_parent(client, exp_id, cfg: Config, name: str, sid: str, folder: Path, uri: str,
+                   expected: int | None = None) -> str:
     swept = swept_values()
     tags = {"sweep": name, "sweep_id": sid, "sweep_role": PARENT, "sweep_dir": str(folder),
             "sweep_params": json.dumps(swept)}
-    if swept and any(a in ("-m", "--multirun") for a in sys.argv):
+    if expected:
+        tags["expected_jobs"] = str(expected)
+    elif swept and any(a in ("-m", "--multirun") for a in sys.argv):
         tags["expected_jobs"] = str(math.prod(len(v) for v in swept.values()))
     run_id = client.create_run(exp_id, tags=tags, run_name=f"{name}-{sid}").info.run_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -166,6 +203,8 @@ def _create_parent(client, exp_id, cfg: Config, name: str, sid: str, folder: Pat
 
 def note_child(record, tags: dict) -> None:
     """One line per child in the sweep directory's jobs.jsonl (O_APPEND: safe for parallel jobs)."""
+    if "children" in _launch:
+        _launch["children"].append(record.run_id)
     folder = Path(tags["sweep_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"run_id": record.run_id, "run_dir": str(record.run_dir),
@@ -177,6 +216,76 @@ def note_child(record, tags: dict) -> None:
         os.close(fd)
 
 
+@dataclass
+class Launch:
+    """A sweep's parent as made by the launcher before its first job."""
+    name: str
+    sweep_id: str
+    parent_id: str
+    folder: Path
+    uri: str
+    experiment: str
+
+
+def begin(cfg: Config, expected: int) -> Launch | None:
+    """Before the first job of a multirun that trains: pin the sweep id for this launch's jobs
+    and make (or reopen) the parent run, so its id and directory can be shown before any job runs.
+    None for a job outside a sweep. Raises TrackingUnavailable before anything is written."""
+    name = sweep_name(cfg)
+    if not name:
+        return None
+    sid = sweep_id(cfg)
+    _launch.update(id=sid, pinned=True, job0=None, children=[])
+    uri = backend.tracking_uri(cfg)
+    backend.check_reachable(uri)
+    check_tracking(cfg, uri)
+    client = backend.client(uri)
+    exp_name = backend.experiment_name(cfg)
+    exp_id = backend.experiment_id(client, exp_name, uri)
+    folder = _sweep_dir(cfg, name, sid)
+    parents = find_parent(client, exp_id, sid)
+    if parents:  # jobs added to an existing sweep (run.sweep_id): it runs again until they end
+        parent_id = parents[0].info.run_id
+        client.set_tag(parent_id, "expected_jobs", str(len(children(client, parents[0])) + expected))
+        client.update_run(parent_id, status="RUNNING")
+    else:
+        parent_id = _create_parent(client, exp_id, cfg, name, sid, folder, uri, expected)
+    return Launch(name, sid, parent_id, folder, uri, exp_name)
+
+
+def release() -> None:
+    """Forget the pinned sweep id (jobs submitted elsewhere close their parent themselves)."""
+    _launch.pop("pinned", None)
+    _launch.pop("children", None)
+
+
+def end(launch: Launch, interrupted: bool = False) -> str | None:
+    """After this process has run its jobs: children it made that are still RUNNING are gone
+    (KILLED if the launch was interrupted, else FAILED), and the parent ends FINISHED when every
+    expected job finished, KILLED if interrupted, else FAILED. A parent whose other children
+    (another launch's) still run stays open. Returns the parent's status."""
+    _launch.pop("pinned", None)
+    client = backend.client(launch.uri)
+    mine = set(_launch.pop("children", []))
+    parent = client.get_run(launch.parent_id)
+    kids = children(client, parent)
+    for kid in kids:
+        if kid.info.run_id in mine and kid.info.status not in TERMINAL:
+            client.set_terminated(kid.info.run_id, "KILLED" if interrupted else "FAILED")
+    kids = children(client, parent)
+    if any(k.info.status not in TERMINAL for k in kids):
+        return parent.info.status
+    expected = int(parent.data.tags.get("expected_jobs") or 0)
+    if interrupted:
+        status = "KILLED"
+    elif len(kids) >= expected and kids and all(k.info.status == "FINISHED" for k in kids):
+        status = "FINISHED"
+    else:
+        status = "FAILED"
+    client.set_terminated(launch.parent_id, status)
+    return status
+
+
 def children(client, parent) -> list:
     exp_id = parent.info.experiment_id
     return list(client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
@@ -185,7 +294,8 @@ def children(client, parent) -> list:
 
 def close_if_done(client, parent_id: str) -> str | None:
     """End the parent once every child has ended (and, when the sweep's size is known, all of
-    them exist): FINISHED if they all finished, else FAILED. Returns the status set, if any."""
+    them exist): FINISHED if they all finished, FAILED if one failed, else KILLED. Returns the
+    status set, if any."""
     parent = client.get_run(parent_id)
     if parent.info.status in TERMINAL:
         return None
@@ -195,20 +305,42 @@ def close_if_done(client, parent_id: str) -> str | None:
         return None
     if expected and len(kids) < int(expected):
         return None
-    status = "FINISHED" if all(k.info.status == "FINISHED" for k in kids) else "FAILED"
+    states = {k.info.status for k in kids}
+    status = "FINISHED" if states == {"FINISHED"} else "FAILED" if "FAILED" in states else "KILLED"
     client.set_terminated(parent_id, status)
     return status
 
 
-def open_parent(ref: str, tracking_uri: str | None = None):
-    """(client, parent run) of a sweep directory (its sweep.json) or a parent run id. The store is
+def sweeps_root(out_dir: str | None = None) -> Path:
+    from marin.config.schema import RunConfig
+
+    return backend.out_dir(Config(run=RunConfig(out_dir=out_dir)) if out_dir else Config()) / "sweeps"
+
+
+def find_sweep_dir(name: str, out_dir: str | None = None) -> Path | None:
+    """The newest sweep directory of sweep `name` (`lr_grid` → sweeps/lr_grid-<newest id>), or
+    the directory `name` itself (`lr_grid-1a2b3c4d`); None if there is none."""
+    root = sweeps_root(out_dir)
+    if (root / name / "sweep.json").is_file():
+        return root / name
+    found = [p for p in root.glob(f"{name}-*") if p.name.rsplit("-", 1)[0] == name and (p / "sweep.json").is_file()]
+    return max(found, key=lambda p: (p / "sweep.json").stat().st_mtime) if found else None
+
+
+def open_parent(ref: str, tracking_uri: str | None = None, out_dir: str | None = None):
+    """(client, parent run) of a sweep: its directory (sweep.json), its name (the newest sweep
+    directory of that name under `<out_dir>/sweeps`) or its parent run id. The store is
     `tracking_uri`, else the sweep directory's, $MLFLOW_TRACKING_URI or the project's."""
     folder = Path(ref).expanduser()
+    if not (folder / "sweep.json").is_file() and "/" not in ref and not folder.exists():
+        folder = find_sweep_dir(ref, out_dir) or folder
     if (folder / "sweep.json").is_file():
         info = json.loads((folder / "sweep.json").read_text())
         ref, tracking_uri = info["parent_run_id"], tracking_uri or info["tracking_uri"]
     elif "/" in ref or folder.exists():
         raise SweepNotFound(f"{ref}: not a sweep directory (no sweep.json)")
+    elif not re.fullmatch(r"[0-9a-f]{32}", ref):
+        raise SweepNotFound(f"{ref}: no sweep of that name under {sweeps_root(out_dir)}, and not an MLflow run id")
     uri = tracking_uri or backend.default_uri()
     if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
         raise SweepNotFound(f"{ref}: no MLflow store at {uri}")

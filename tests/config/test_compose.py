@@ -55,3 +55,40 @@ def test_explicit_values_are_kept():
     cfg = make_config("attention.num_heads=8", "attention.head_dim=16", "attention.kv_heads_local=4",
                       "attention.kv_heads_global=2", "train.steps=7")
     assert (cfg.attention.num_heads, cfg.attention.kv_heads_local, cfg.train.steps) == (8, 4, 7)
+
+
+def test_no_schema_option_in_any_group():
+    """Schemas type the groups without being options: not listed, not selectable."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.errors import ConfigCompositionException
+
+    from hydra import initialize_config_dir
+
+    from marin.config.store import CONF_DIR, register
+    from tests.helpers import compose_dict
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for group in GROUPS:
+            assert sorted(loader.get_group_options(group, ObjectType.CONFIG)) == options(group)  # what glob(*) and completion list
+    with pytest.raises(ConfigCompositionException, match="Could not find 'router/schema'"):
+        compose_dict("router=schema")
+
+
+def test_help_lists_no_schema_and_option_files_are_typed(tmp_path):
+    """`--help` lists real options only; an option file from --config-dir is still type-checked."""
+    import subprocess
+    import sys
+
+    from marin.config.store import PROJECT_ROOT
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "typo.yaml").write_text("name: typo\nd_modle: 64\n")
+    done = subprocess.run([sys.executable, "launch.py", "--help"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    groups = done.stdout.split("== Config ==")[0]
+    assert "router: bias_update, qb, softmax_aux" in groups and "schema" not in groups
+    done = subprocess.run([sys.executable, "launch.py", "--config-dir", str(tmp_path), "model=typo", "--cfg", "job"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert done.returncode != 0 and "Key 'd_modle' not in 'ModelConfig'" in done.stderr

@@ -107,6 +107,29 @@ def test_prepare_cli(tmp_path, capsys):
     assert prepare.main(["model=tiny", "data.sources=[]", "data.eval_sets=[]"]) == 2
 
 
+def test_prepare_is_composed_as_launch_py(tmp_path, capsys):
+    """A Hydra app over the same conf/: --config-dir options are found and typed, --help works,
+    a bad field is one line with exit status 2."""
+    import subprocess
+    import sys
+
+    from marin.config.store import PROJECT_ROOT
+
+    write_jsonl(tmp_path / "a.jsonl", ["mine"] * 4)
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "mine.yaml").write_text(
+        f"name: mine\nsources: [{{name: a, kind: jsonl, paths: ['{tmp_path}/a.jsonl'], weights: [1.0]}}]\n"
+        f"eval_sets: []\ncache_dir: {tmp_path}/cache\n")
+    assert prepare.main(["--config-dir", str(tmp_path / "conf"), "data=mine", "model=tiny"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["a", "4"]
+    assert prepare.main(["model=tiny", "train.seq_len=0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: train.seq_len: must be ≥ 1; got 0"
+    done = subprocess.run([sys.executable, "-m", "marin.data.prepare", "--help"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "tokenize the mixture" in done.stdout and "router: bias_update" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
 def test_builtin_heldout_documents_never_train():
     for name in builtin.NAMES:
         train = set(builtin.documents(name))

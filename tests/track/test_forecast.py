@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 
@@ -68,3 +69,68 @@ def test_interpolates_between_evaluations():
     rung = forecast.Rung("r", "id", 100, 1.0, [(10, 4.0), (20, 3.0)])
     assert rung.loss_at(15) == pytest.approx(3.5)
     assert rung.loss_at(5) is None and rung.loss_at(25) is None
+
+
+def _rung(name, flops, losses, **leaves):
+    base = {"model.d_model": 64, "optim.lr": "auto", "router.kind": "qb"}
+    return forecast.Rung(name, name, 40, flops, [(s, l) for s, l in losses], {**base, **leaves})
+
+
+def test_refuses_what_is_not_a_ladder():
+    same_size = [_rung(f"lr{i}", 1e9, [(40, 3.0)], **{"optim.lr": lr}) for i, lr in enumerate((1e-3, 3e-3, 1e-2))]
+    with pytest.raises(forecast.NotALadder, match="1 distinct compute scale"):
+        forecast.check_ladder(same_size)
+    routers = [_rung(f"r{i}", 1e9 * (i + 1), [(40, 3.0)], **{"model.d_model": 64 * (i + 1), "router.kind": k})
+               for i, k in enumerate(("qb", "softmax_aux", "qb"))]
+    with pytest.raises(forecast.NotALadder, match=r"differ in more than size and steps \(router.kind"):
+        forecast.check_ladder(routers)
+    sizes = [_rung(f"d{i}", 1e9 * (i + 1), [(40, 3.0)], **{"model.d_model": 64 * (i + 1), "train.steps": 40 + i})
+             for i in range(3)]
+    forecast.check_ladder(sizes)  # size and steps may differ
+
+
+def test_refuses_a_fit_that_cannot_be_trusted():
+    C = np.array([1e9, 1e10, 1e11, 1e12])
+    rising = [forecast.Rung(f"d{i}", str(i), 40, c / 40, [(40, 3.0 + 0.1 * i)]) for i, c in enumerate(C)]
+    fit = forecast.fit_at(rising, 1.0, 1.5)
+    with pytest.raises(forecast.NotALadder, match="alpha = .* ≤ 0"):
+        forecast.check_fit(fit, 0.9)
+    noisy = [forecast.Rung(f"d{i}", str(i), 40, c / 40, [(40, l)]) for i, (c, l) in enumerate(zip(C, (4.0, 3.0, 3.6, 2.0)))]
+    fit = forecast.fit_at(noisy, 1.0, 1.5)
+    assert fit.alpha > 0
+    with pytest.raises(forecast.NotALadder, match="R² = .* < --min-r2 0.9"):
+        forecast.check_fit(fit, 0.9)
+    forecast.check_fit(fit, 0.0)
+
+
+def test_prediction_band_from_the_regression():
+    C = np.array([1e9, 3e9, 1e10, 3e10, 1e11])
+    rng = np.random.default_rng(0)
+    law = 1.5 + 40 * C ** -0.12
+    rungs = [forecast.Rung(f"d{i}", str(i), 40, c / 40, [(40, l)])
+             for i, (c, l) in enumerate(zip(C, law * np.exp(rng.normal(0, 0.01, len(C)))))]
+    for E in (1.5, None):
+        fit = forecast.fit_at(rungs, 1.0, E)
+        low, high = fit.band(1e13)
+        assert low < fit.predict(1e13) < high and high - low < (0.5 if E else 2.0)  # 2 dof when E is fitted
+        near_low, near_high = fit.band(1e10)
+        assert near_high - near_low < high - low  # wider away from the rungs
+    exact = [forecast.Rung(f"d{i}", str(i), 40, c / 40, [(40, l)]) for i, (c, l) in enumerate(zip(C, law))]
+    low, high = forecast.fit_at(exact, 1.0, 1.5).band(1e13)
+    assert high - low == pytest.approx(0, abs=1e-9)
+
+
+def test_an_lr_sweep_is_refused_on_the_command_line(store, multirun_job, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "optim.lr=1e-3,3e-3,1e-2"])
+    recs = []
+    for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
+        rec = record.create(*multirun_job(i, "run.sweep_id=fc-lr", f"optim.lr={lr}"))
+        with tracker.Tracker(rec) as t:
+            t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
+        recs.append(rec)
+    client = MlflowClient(store["uri"])
+    parent_id = client.get_run(recs[0].run_id).data.tags["mlflow.parentRunId"]
+    assert forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a ladder: 3 run(s) at 1 distinct compute scale(s)" in err
+    assert not client.list_artifacts(parent_id, "forecast") and not client.get_run(parent_id).data.metrics

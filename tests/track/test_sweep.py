@@ -67,23 +67,98 @@ def _launch_py(*args):
 def test_every_sweep_composes_as_a_dry_run():
     done = _launch_py("-m", "sweep=lr_grid", "train.steps=2", "model=tiny", "dry_run=json")
     assert done.returncode == 0, done.stderr[-2000:]
-    decoder, text, plans = json.JSONDecoder(), done.stdout.strip(), []
-    while text:   # one JSON plan per job
-        plan, end = decoder.raw_decode(text)
-        plans.append(plan)
-        text = text[end:].strip()
-    assert len(plans) == 4
+    plans = [json.loads(line) for line in done.stdout.splitlines()]  # one JSON line per job
+    assert [next(o for o in p["overrides"] if o.startswith("optim.lr=")) for p in plans] == [f"optim.lr={lr}" for lr in ("0.001", "0.003", "0.01", "0.03")]
+    assert [p["lr"]["adamw"] for p in plans] == [0.001, 0.003, 0.01, 0.03]
     done = _launch_py("-m", "sweep=ladder_cpu", "dry_run=true")
     assert done.returncode == 0, done.stderr[-2000:]
     shapes = [line.split("layers")[1].split("(")[0].strip() for line in done.stdout.splitlines() if "width × layers" in line]
     assert shapes == ["64 × 2", "96 × 3", "128 × 4"]
 
 
+def test_a_bad_job_stops_the_multirun_before_anything(tmp_path):
+    """Job 2 is invalid: one line names its overrides and field, exit 2, nothing trained or written."""
+    done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e-3,-1", f"run.out_dir={tmp_path}/out",
+                      f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: job 2/2 (optim.lr=-1): optim.lr: expected 'auto' or a positive number, got -1"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_jobs_names_each_bad_job():
+    """The checks the local and the Slurm paths share (a Slurm array is validated as a whole)."""
+    from marin.launch.multirun import Job, check_jobs, labels
+    from tests.helpers import compose_dict
+
+    grid = [["hardware=slurm_cpu", "optim.lr=1e-3"], ["hardware=slurm_cpu", "optim.lr=-2"],
+            ["hardware=slurm_cpu", "train.seq_len=0"]]
+    jobs = [Job(i, o, task=compose_dict("model=tiny", *o), label=label) for i, (o, label) in enumerate(zip(grid, labels(grid)))]
+    assert [j.slurm for j in jobs] == [True, True, True]
+    lines = check_jobs(jobs)
+    assert lines == ["job 2/3 (optim.lr=-2): optim.lr: expected 'auto' or a positive number, got -2",
+                     "job 3/3 (train.seq_len=0): train.seq_len: must be ≥ 1; got 0"]
+    assert jobs[0].resolved.optim.lr == 1e-3 and jobs[1].resolved is None
+
+
+def test_children_are_named_by_their_overrides():
+    assert sweep.child_name(["optim.lr=0.001", "router=qb"]) == "lr=0.001,router=qb"
+    assert sweep.child_name(["model={name:ladder_cpu_d64,d_model:64,num_layers:2}"]) == "model=ladder_cpu_d64"
+    assert sweep.child_name(["optim.lr=1", "schedule.lr=2"]) == "optim.lr=1,schedule.lr=2"  # clashing keys stay whole
+    assert sweep.child_name([]) is None
+
+
+def test_end_closes_the_parent_with_its_jobs(store, multirun_job, monkeypatch):
+    """The launcher's last step: a job that died in this process fails, and the parent with it;
+    an interrupted launch ends KILLED."""
+    from hydra.core.hydra_config import HydraConfig
+
+    client = MlflowClient(store["uri"])
+    for interrupted, expected in ((False, "FAILED"), (True, "KILLED")):
+        monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
+        composed, resolved, overrides = multirun_job(0, "sweep=lr_grid", "optim.lr=0.001")
+        launch = sweep.begin(resolved, expected=2)
+        assert client.get_run(launch.parent_id).data.tags["expected_jobs"] == "2"
+        done = record.create(composed, resolved, overrides)
+        died = record.create(*multirun_job(1, "sweep=lr_grid", "optim.lr=0.003"))
+        assert {client.get_run(r.run_id).data.tags["mlflow.parentRunId"] for r in (done, died)} == {launch.parent_id}
+        tracker.Tracker(done).finish("FINISHED")
+        assert sweep.end(launch, interrupted) == expected
+        assert client.get_run(died.run_id).info.status == ("KILLED" if interrupted else "FAILED")
+        assert client.get_run(launch.parent_id).info.status == expected
+        HydraConfig.instance().cfg = None
+    from mlflow.entities import ViewType
+    names = {e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
+    assert "Default" not in names and "default" in names
+
+
+@pytest.mark.slow
+def test_local_sweep_life_cycle(tmp_path):
+    """Start (the parent is shown first), a job that fails does not stop the others, the parent
+    ends FAILED with them, and `marin.status` finds the sweep by name."""
+    out, uri = tmp_path / "out", f"sqlite:///{tmp_path}/mlflow.db"
+    done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e30,1e-3", f"run.out_dir={out}",
+                      f"tracking.uri={uri}", "run.sweep=life",
+                      f"data.cache_dir={PROJECT_ROOT}/outputs/cache/tokens-tests")
+    assert done.returncode == 3, done.stderr[-3000:]   # the worst job's status: a non-finite loss
+    err = done.stderr
+    assert err.index("sweep life: 2 jobs, MLflow parent run") < err.index("job 1/2: optim.lr=1e+30")
+    assert "job 2/2: optim.lr=0.001" in err and "error: job 1/2 (optim.lr=1e+30) failed (exit status 3)" in err
+    parent_id = err.split("MLflow parent run ")[1].split()[0]
+    client = MlflowClient(uri)
+    assert client.get_run(parent_id).info.status == "FAILED"
+    status = subprocess.run([sys.executable, "-m", "marin.status", "life", "--out-dir", str(out)], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line.split()[1:4] for line in status.stdout.splitlines()[2:]}
+    assert rows["lr=0.001"][:2] == ["FINISHED", "2/2"] and rows["lr=1e+30"][0] == "FAILED"
+
+
 def test_sweep_typos_fail_before_any_job():
     done = _launch_py("-m", "sweep=lr_gird", "dry_run=true")
     assert done.returncode != 0 and "Could not find 'sweep/lr_gird'" in done.stderr
     done = _launch_py("-m", "sweep=lr_grid", "optim.lrr=1,2", "dry_run=true")
-    assert done.returncode != 0 and "lrr" in done.stderr and "#0" not in done.stderr
+    assert done.returncode != 0 and "lrr" in done.stderr and "job 1/" not in done.stderr
 
 
 def test_every_job_of_every_sweep_validates():

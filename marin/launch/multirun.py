@@ -1,0 +1,76 @@
+"""A multirun's jobs, checked together before the first one starts (the launcher's step 1).
+
+Kept out of hydra_plugins/ (Hydra imports that package's modules in its own way) so the checks
+are plain functions: the local and the Slurm paths of `MarinLauncher` share them, and tests call
+them without Hydra's machinery. No JAX.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from hydra.core.utils import filter_overrides
+from omegaconf import DictConfig
+
+
+@dataclass
+class Job:
+    idx: int
+    overrides: list[str]
+    sweep_config: Optional[DictConfig] = None  # with its `hydra` node
+    task: Optional[DictConfig] = None          # without it: what the task function gets
+    composed: Any = None                       # the validated Config (None: not validated here)
+    resolved: Any = None
+    label: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def trains(self) -> bool:
+        """Makes a run record (not a dry run; resume/reproduce reuse or recompose their own)."""
+        t = self.task
+        return t is not None and not t.get("dry_run") and not t.get("resume") and not t.get("reproduce")
+
+    @property
+    def slurm(self) -> bool:
+        return self.trains and self.task.hardware.launcher == "slurm"
+
+
+def labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
+    """What tells each job apart: its overrides that not every job shares (all, for one job)."""
+    lists = [filter_overrides(list(o)) for o in job_overrides]
+    common = set.intersection(*(set(o) for o in lists)) if len(lists) > 1 else set()
+    return [" ".join(o for o in ovr if o not in common) or "(no overrides)" for ovr in lists]
+
+
+def check_jobs(jobs: list[Job]) -> list[str]:
+    """Validate every composed job (schema and cross-field checks, a Slurm job's GPU install);
+    fills `composed`/`resolved`, returns one line per problem: `job 2/4 (optim.lr=-1): field: why`."""
+    from marin.config.validate import ConfigError, load
+    from marin.launch.distributed import check_gpu_install
+
+    lines = []
+    for n, job in enumerate(jobs, start=1):
+        where = f"job {n}/{len(jobs)} ({job.label})"
+        if job.problems:
+            lines += [f"{where}: {p}" for p in job.problems]
+            continue
+        if job.task.get("resume") or job.task.get("reproduce"):
+            continue  # checked against the saved run when the job runs
+        try:
+            job.composed, job.resolved = load(job.task)
+        except ConfigError as err:
+            lines += [f"{where}: {name}: {msg}" for name, msg in err.problems]
+            continue
+        except Exception as err:  # an OmegaConf type error while converting, say
+            lines.append(f"{where}: {str(err).splitlines()[0]}")
+            continue
+        if job.slurm and (problem := check_gpu_install(job.resolved.hardware)) is not None:
+            lines.append(f"{where}: {problem}")
+    return lines
+
+
+def compose_problem(err: BaseException) -> str:
+    """Hydra's composition error in one line: its first line and the OmegaConf reason."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reason = [line for line in lines[1:] if " not in '" in line or "could not be converted" in line]
+    return " ".join(lines[:1] + reason[:1]) or type(err).__name__
