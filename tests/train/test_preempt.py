@@ -10,7 +10,7 @@ from marin.train import preempt
 
 @pytest.fixture(autouse=True)
 def clean_flag():
-    old = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    old = {s: signal.getsignal(s) for s in preempt.SIGNALS + preempt.STOP_SIGNALS}
     preempt.reset()
     yield
     preempt.reset()
@@ -52,3 +52,19 @@ def test_requeues_are_bounded(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         preempt.requeue()
     assert exit_.value.code == 1 and calls == []
+
+
+def test_ctrl_c_stops_and_a_second_one_stops_at_once(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")   # even under Slurm, Ctrl-C is a stop, not a requeue
+    preempt.install()
+    os.kill(os.getpid(), signal.SIGINT)          # would raise KeyboardInterrupt without the handler
+    assert preempt.poll() == (signal.SIGINT, False)
+    assert not preempt.requeues(signal.SIGINT) and preempt.requeues(signal.SIGTERM)
+    assert preempt.exit_code(signal.SIGINT) == 130 and preempt.exit_code(signal.SIGTERM) == 143
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_poll_passes_the_rolling_checkpoint_decision():
+    assert preempt.poll(time_due=True) == (0, True)
+    assert preempt.poll(time_due=False) == (0, False)
