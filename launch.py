@@ -5,6 +5,8 @@ Hydra composes conf/ (plus the `sweep` group from sweeps/); marin validates befo
 imported or written, then dry-runs, reproduces, trains in-process or submits to Slurm, as the
 config says. See README.md.
 """
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -17,7 +19,11 @@ register()
 def main(cfg: DictConfig) -> None:
     from marin.launch.entry import dispatch
 
-    dispatch(cfg)
+    try:
+        dispatch(cfg)
+    except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
