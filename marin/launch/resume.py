@@ -141,8 +141,16 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
     from marin.launch.distributed import apply_environment
     from marin.train.loop import train
 
+    from marin.train.checkpoint import CheckpointError, NoCheckpointError, StructureMismatch
+    from marin.train.loop import NonFiniteLoss
+
     apply_environment(resolved.hardware)
-    train(resolved, rec, on_restored=note)
+    try:  # the MLflow run was reopened: these end it FAILED (train does that) with one line here
+        train(resolved, rec, on_restored=note)
+    except NonFiniteLoss as err:
+        fail(str(err), code=3)
+    except (NoCheckpointError, CheckpointError, StructureMismatch) as err:
+        fail(f"resume: {err}", code=1)
 
 
 def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
