@@ -127,6 +127,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         backend.check_reachable(rec.tracking_uri)
     except backend.TrackingUnavailable as err:
         fail(f"resume: {err}")
+
     def note(_step=None) -> None:
         _note_resume(rec, earlier, new, changes, composed, resolved)
 
@@ -139,10 +140,8 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
                 sys.exit(code)
         return
     from marin.launch.distributed import apply_environment
-    from marin.train.loop import train
-
     from marin.train.checkpoint import CheckpointError, NoCheckpointError, StructureMismatch
-    from marin.train.loop import NonFiniteLoss
+    from marin.train.loop import NonFiniteLoss, train
 
     apply_environment(resolved.hardware)
     try:  # the MLflow run was reopened: these end it FAILED (train does that) with one line here
@@ -162,8 +161,10 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
     try:
         check_structure(source.run_dir, abstract_state(resolved))
     except StructureMismatch as err:
-        fields = ", ".join(f"{k} {v[0]} → {v[1]}" for k, v in changes.items()
-                           if not k.startswith(("schedule.", "hardware.", "train.checkpoint."))) or "the config"
+        given = {_key(o) for o in new}
+        named = [k for k in changes if k in given] or [
+            k for k in changes if not k.startswith(("schedule.", "hardware.", "run.", "tracking.", "train.checkpoint."))]
+        fields = ", ".join(f"{k} {changes[k][0]} → {changes[k][1]}" for k in named) or "the config"
         leaves = "; ".join(err.differences[:2]) + (f" (+{len(err.differences) - 2} more)" if len(err.differences) > 2 else "")
         fail(f"resume: {fields} changes the train state ({leaves}), so checkpoint {err.where} cannot be "
              f"restored into it; nothing was changed. Start a new run from this one instead: "

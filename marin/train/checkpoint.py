@@ -184,7 +184,8 @@ def differences(saved_metadata, template) -> list[str]:
             gone.append(f"{name}: in the checkpoint, not in the new state")
         elif a != b:
             changed.append(f"{name}: {a[0]} {a[1]} → {b[0]} {b[1]}")
-    return changed + new + gone   # the most telling first
+    changed.sort(key=lambda d: not d.startswith("params."))   # the most telling first
+    return changed + new + gone
 
 
 def _structure_problem(manager, step: int, template) -> list[str] | None:

@@ -131,7 +131,7 @@ def test_resume_refuses_a_structure_change_and_touches_nothing(stopped_run, over
         resume([f"resume={run_dir}", override])
     assert exit_.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("error: resume: ") and override.split("=")[0] in line and "opt_state" in line or "params" in line
+    assert line.startswith("error: resume: ") and override.split("=")[0] in line and ("opt_state." in line or "params." in line)
     assert f"reproduce={run_dir} {override}" in line
     assert (_listing(run_dir), (run_dir / "record.json").read_text()) == before   # no .corrupt, no record change
     assert MlflowClient(stopped_run.tracking_uri).get_run(stopped_run.run_id).info.status == status
