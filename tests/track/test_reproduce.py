@@ -137,7 +137,7 @@ FITS_EVERY_RACK = ["model=tiny", "model.num_experts=64", "train.global_batch=422
 
 
 @pytest.mark.parametrize("hardware", HARDWARE)
-def test_every_hardware_option_round_trips(hardware, store, capsys):
+def test_every_hardware_option_round_trips(hardware, store):
     """reproduce= and resume= (dry runs: the hardware is absent) of a run on each shipped option
     give back its hardware, env included (a non-empty hardware.env was refused as schema drift)."""
     from tests.helpers import compose_dict
@@ -150,7 +150,10 @@ def test_every_hardware_option_round_trips(hardware, store, capsys):
     made = record.create(composed, resolved, overrides)
     _, again, _ = recompose(str(made.run_dir), ["dry_run=true"])
     assert record.config_dict(again)["hardware"] == record.config_dict(resolved)["hardware"]
-    capsys.readouterr()
-    resume([f"resume={made.run_dir}", "dry_run=true", f"run.out_dir={store['out']}"], dry_run=True)
-    out = capsys.readouterr().out
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        resume([f"resume={made.run_dir}", "dry_run=true", f"run.out_dir={store['out']}"], dry_run=True)
+    out = printed.getvalue()
     assert f"resuming run {made.run_id}" in out and "changes:" not in out
