@@ -21,7 +21,11 @@ register()
 def main(cfg: DictConfig) -> None:
     from marin.launch.entry import dispatch
 
-    dispatch(cfg)
+    try:
+        dispatch(cfg)
+    except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@ The config is the run's own, recomposed with the overrides of every earlier resu
 command line (`marin.track.reproduce.recompose`). Overrides usually shorten the horizon
 (`schedule.horizon_steps`, the failure plan) or move the run to other hardware. MLflow params
 are immutable, so a change is recorded as a tag (`resume_<n>`) and a new config artifact
-(`record/resolved.resume-<n>.yaml`, also kept in the run directory); record.json lists resumes.
+(`record/resolved.resume-<n>.yaml`, also kept in the run directory); record.json lists resumes,
+updated only once the checkpoint is restored (on Slurm: once the job is submitted).
+
+`train.stop_after` belongs to one invocation: a resume runs to the end unless it is given again.
+Overrides that change the train state's structure (model shapes, optimizer tree) are refused
+before anything is written: no checkpoint could be restored into that state (use reproduce=).
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from marin.track.record import flatten
 
 log = logging.getLogger("marin.resume")
 
-IGNORED = ("resume", "reproduce", "dry_run", "wait", "tracking.uri")   # not changes of the run
+IGNORED = ("resume", "reproduce", "dry_run", "wait", "tracking.uri", "train.stop_after")   # not changes of the run
+PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 
 
 def _key(override: str) -> str:
@@ -55,6 +61,8 @@ def _recompose(source, overrides: list[str], previous: dict):
     from marin.track import record
     from marin.track.reproduce import ReproduceError, recompose
 
+    if not any(_key(o) in PER_INVOCATION for o in overrides):  # the saved run's stop_after ended its invocation
+        overrides = [*overrides, *(f"{k}=null" for k in PER_INVOCATION)]
     try:
         composed, resolved, _ = recompose(str(source.run_dir), overrides)
     except ReproduceError as err:
@@ -80,7 +88,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
     except record.RecordError as err:
         fail(f"resume: {err}")
     earlier = source.info().get("resumes") or []
-    carried = _last_per_key([o for r in earlier for o in r.get("overrides", [])] + new)
+    carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if _key(o) not in PER_INVOCATION] + new)
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     previous = record.config_dict(OmegaConf.load(source.run_dir / base))
     steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())
@@ -96,6 +104,8 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
           f"{('step ' + str(steps[-1])) if steps else 'none (starts from step 0)'}"
           + (f"\n  changes: {_describe(changes)}" if changes else ""),
           file=sys.stderr if dry_run == "json" else sys.stdout, flush=True)  # json: stdout is the plan
+    if steps:
+        _check_structure(source, resolved, changes, new)
     if dry_run:
         from marin.launch.plan import print_plan
 
@@ -117,9 +127,12 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         backend.check_reachable(rec.tracking_uri)
     except backend.TrackingUnavailable as err:
         fail(f"resume: {err}")
-    _note_resume(rec, earlier, new, changes, composed, resolved)
+
+    def note(_step=None) -> None:
+        _note_resume(rec, earlier, new, changes, composed, resolved)
 
     if slurm:
+        note()
         job = slurm_launch.submit_record(composed, resolved, rec)
         if wait:
             code = slurm_launch.follow(job)
@@ -127,10 +140,35 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
                 sys.exit(code)
         return
     from marin.launch.distributed import apply_environment
-    from marin.train.loop import train
+    from marin.train.checkpoint import CheckpointError, NoCheckpointError, StructureMismatch
+    from marin.train.loop import NonFiniteLoss, train
 
     apply_environment(resolved.hardware)
-    train(resolved, rec)
+    try:  # the MLflow run was reopened: these end it FAILED (train does that) with one line here
+        train(resolved, rec, on_restored=note)
+    except NonFiniteLoss as err:
+        fail(str(err), code=3)
+    except (NoCheckpointError, CheckpointError, StructureMismatch) as err:
+        fail(f"resume: {err}", code=1)
+
+
+def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
+    """Exit 2, before anything is written, if the new config's train state cannot take the
+    newest checkpoint (compares jax.eval_shape of the state with orbax's stored metadata)."""
+    from marin.launch.entry import fail
+    from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure
+
+    try:
+        check_structure(source.run_dir, abstract_state(resolved))
+    except StructureMismatch as err:
+        given = {_key(o) for o in new}
+        named = [k for k in changes if k in given] or [
+            k for k in changes if not k.startswith(("schedule.", "hardware.", "run.", "tracking.", "train.checkpoint."))]
+        fields = ", ".join(f"{k} {changes[k][0]} → {changes[k][1]}" for k in named) or "the config"
+        leaves = "; ".join(err.differences[:2]) + (f" (+{len(err.differences) - 2} more)" if len(err.differences) > 2 else "")
+        fail(f"resume: {fields} changes the train state ({leaves}), so checkpoint {err.where} cannot be "
+             f"restored into it; nothing was changed. Start a new run from this one instead: "
+             f"python launch.py reproduce={source.run_dir} {' '.join(o for o in new if _key(o) not in IGNORED)}".rstrip())
 
 
 def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved) -> None:

@@ -93,6 +93,8 @@ def _check_schema(saved: dict) -> None:
 
     def known(key, keys):  # free-form dicts (hardware.env) flatten to their own keys, or to {} when empty
         parts = key.split(".")
+        # An empty dict flattens to one leaf, a filled one to its entries: either side may hold
+        # the other's form (the schema's empty hardware.env vs a saved h200_node env).
         return (any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
                 or any(k.startswith(key + ".") for k in keys))
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 import time
 
 log = logging.getLogger("marin.train")
+
+
+# A non-finite loss this soon after a restore is blamed on the checkpoint, not the lr.
+RESTORE_SUSPECT_STEPS = 10
 
 
 class NonFiniteLoss(RuntimeError):
@@ -53,24 +58,56 @@ def enable_compilation_cache(cfg) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def train(cfg, rec, loader=None) -> dict:
+def train(cfg, rec, loader=None, on_restored=None) -> dict:
+    """Train the run of `rec`, from its newest checkpoint if it has one. `on_restored(step)` is
+    called once the checkpoint is restored (resume= records the resume only then).
+
+    Endings: FINISHED; FAILED on an exception (a failed restore included); KILLED on SIGINT, or
+    SIGTERM outside Slurm: checkpoint, one line with the resume= command, SystemExit(128 + signal).
+    Under Slurm, SIGTERM / SIGUSR2 checkpoint and requeue (the MLflow run stays open)."""
     import jax
-    import numpy as np
 
     enable_compilation_cache(cfg)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
+    from marin.track.tracker import Tracker
+    from marin.train import preempt
+
+    preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
+    tracker = Tracker(rec, process_index=jax.process_index())
+    status = "FAILED"  # what MLflow records if anything below raises (a failed restore included)
+    try:
+        summary, status = _train(cfg, rec, loader, tracker, on_restored)
+        return summary
+    except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint, but a clean ending
+        status = "KILLED"
+        print(f"interrupted without a checkpoint (the newest one is kept); continue with: "
+              f"python launch.py resume={rec.run_dir}", file=sys.stderr, flush=True)
+        raise SystemExit(preempt.exit_code(signal.SIGINT)) from None
+    except SystemExit as end:
+        # preempt.requeue(): exit 0 leaves the MLflow run open for the requeued job; past
+        # hardware.max_requeues (exit 1) the run ends KILLED. A signal's stop has finished it.
+        status = None if end.code == 0 else "KILLED"
+        raise
+    finally:
+        if status is not None:
+            tracker.finish(status)
+
+
+def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
+    """The loop; returns (summary, MLflow status to end with, None to leave the run open)."""
+    import jax
+    import numpy as np
+
     from marin.data.loader import Loader
     from marin.launch.mesh import make_mesh
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
-    from marin.track.tracker import Tracker
     from marin.train import preempt
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
     from marin.train.step import make_eval_step, make_train_step
 
     process = jax.process_index()
-    tracker = Tracker(rec, process_index=process)
     mesh = make_mesh(cfg)
     loader = loader or Loader(cfg, process_index=process, process_count=jax.process_count())
     tx = build_optimizer(cfg)
@@ -82,15 +119,18 @@ def train(cfg, rec, loader=None) -> dict:
         state = jax.jit(lambda k: init_state(cfg, tx, k), out_shardings=shardings)(
             jax.random.key(cfg.train.seed))
     ckpt = Checkpointer(rec.run_dir, cfg)
-    if ckpt.latest_step() is not None:  # a requeued or resumed run
-        state, saved = ckpt.restore(state)
+    restored_from = None
+    if ckpt.latest_step() is not None or ckpt.set_aside():  # a requeued or resumed run
+        state, saved = ckpt.restore(state)   # NoCheckpointError if every checkpoint is damaged
+        restored_from = ckpt.restored_from
         loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
-        log.info("resumed from step %d (%s)", int(state.step), rec.run_dir)
+        log.info("resumed from step %d (%s)", int(state.step), restored_from)
     elif cfg.train.init_from:  # a stage continuing another run (context extension)
         state, saved = restore_from(cfg.train.init_from, state)
         loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
         log.info("initialised from %s at step %d", cfg.train.init_from, int(state.step))
-    preempt.install(cfg.hardware.max_requeues)
+    if on_restored is not None:
+        on_restored(int(state.step))
 
     train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
                          out_shardings=(shardings, None), donate_argnums=0)
@@ -137,6 +177,10 @@ def train(cfg, rec, loader=None) -> dict:
         per_layer = {f"train/{k.removesuffix('_per_layer')}/layer_{i}": float(x)
                      for k, v in metrics.items() if np.ndim(v) == 1 for i, x in enumerate(v)}
         if not math.isfinite(values["loss"]):
+            if restored_from is not None and step - start < RESTORE_SUSPECT_STEPS:
+                raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}, {step - start + 1} step(s) "
+                                    f"after restoring {restored_from}: that checkpoint's state is the likely cause "
+                                    "(move it aside to resume from the one before it)")
             raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}: stopping. "
                                 "Lower optim.lr or check the data; the last checkpoint is kept.")
         tps = tokens_per_step / seconds if seconds > 0 else float("nan")
@@ -153,7 +197,6 @@ def train(cfg, rec, loader=None) -> dict:
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 
-    status = "FAILED"  # what MLflow records if the loop raises
     try:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
@@ -168,29 +211,33 @@ def train(cfg, rec, loader=None) -> dict:
                 pending, last_time = None, time.perf_counter()
                 summary.update(evaluate(step + 1))
                 last_time = time.perf_counter()
-            if ckpt.should_save(step + 1):
-                ckpt.save(step + 1, state, meta(step + 1))
-            if preempt.requested():
-                log.warning("preemption signal: checkpointing at step %d", step + 1)
+            signum, rolling = preempt.poll(ckpt.time_due())  # the same answer on every process
+            if rolling or ckpt.should_save(step + 1):
+                ckpt.save(step + 1, state, meta(step + 1), force=True)
+            if signum:
                 if pending is not None:
                     record_step(*pending, time.perf_counter() - last_time)
                 ckpt.save(step + 1, state, meta(step + 1), force=True)
                 ckpt.wait()
                 tracker.flush(force=True)
-                status = None  # the MLflow run stays open for the requeued job (or resume=)
-                preempt.requeue()  # under Slurm: requeues and exits; otherwise returns
-                return summary
+                if preempt.requeues(signum):
+                    log.warning("preemption signal: checkpointed at step %d; requeueing", step + 1)
+                    preempt.requeue()  # requeues and exits; the MLflow run stays open
+                tracker.finish("KILLED")
+                progress.close()
+                name = signal.Signals(signum).name
+                print(f"stopped by {name} at step {step + 1} (checkpoint saved); continue with: "
+                      f"python launch.py resume={rec.run_dir}", file=sys.stderr, flush=True)
+                raise SystemExit(preempt.exit_code(signum))
         if pending is not None:
             record_step(pending[0], pending[1], time.perf_counter() - last_time)
         summary.update(evaluate(stop))
         ckpt.save(stop, state, meta(stop), force=True)
         ckpt.wait()
-        status = "FINISHED"
-        return summary
+        return summary, "FINISHED"
     finally:
         progress.close()
-        if status is not None:
-            tracker.finish(status)
+        ckpt.close()
 
 
 class _progress:

@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM / SIGUSR2 set a flag that the loop checks once per step.
+"""Preemption and interruption: SIGTERM / SIGUSR2 / SIGINT set a flag that the loop checks once
+per step (`poll`).
 
 Slurm sends USR2 `hardware.signal_delay_s` before the time limit (submitit's `--signal`), and
 SIGTERM (then USR2, as submitit's `_interrupt` does) when a job is preempted. Acting inside the
@@ -12,6 +13,10 @@ a flag; the loop then checkpoints at a step boundary and calls `requeue()`:
 
 The requeued job starts the same submitted function again; it restores the newest complete
 checkpoint of the same run directory and logs to the same MLflow run.
+
+Outside Slurm (and for SIGINT anywhere) the run stops instead: checkpoint at the step boundary,
+MLflow run KILLED, one line with the `resume=` command, exit status 128 + the signal number
+(130 for Ctrl-C, 143 for SIGTERM). A second Ctrl-C raises KeyboardInterrupt at once.
 """
 from __future__ import annotations
 
@@ -24,15 +29,23 @@ import threading
 
 log = logging.getLogger("marin.preempt")
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR2)   # preemption and time limit (requeue under Slurm)
+STOP_SIGNALS = (signal.SIGINT,)               # Ctrl-C: checkpoint and stop, never requeue
 _flag = threading.Event()
+_received = 0          # the first signal's number
 _max_requeues = 3
 
 
 def _on_signal(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
+    global _received
+    # No logging here: the logging lock may be held by the interrupted code.
+    if signum == signal.SIGINT and _flag.is_set():
+        os.write(2, b"[marin] second SIGINT: stopping now, without a checkpoint\n")
+        raise KeyboardInterrupt
     if not _flag.is_set():
-        # No logging here: the logging lock may be held by the interrupted code.
-        os.write(2, f"[marin] caught {signal.Signals(signum).name}: checkpointing at the next step\n".encode())
+        _received = signum
+        again = " (Ctrl-C again stops at once)" if signum == signal.SIGINT else ""
+        os.write(2, f"[marin] caught {signal.Signals(signum).name}: checkpointing at the next step{again}\n".encode())
     _flag.set()
 
 
@@ -44,17 +57,49 @@ def install(max_requeues: int = 3) -> None:
     if threading.current_thread() is not threading.main_thread():
         log.warning("preemption handler not installed: not on the main thread")
         return
-    for sig in SIGNALS:
+    for sig in SIGNALS + STOP_SIGNALS:
         signal.signal(sig, _on_signal)
 
 
-def trigger() -> None:
+def trigger(signum: int = signal.SIGTERM) -> None:
     """Ask for a checkpoint-and-stop as a signal would (tests, or code that sees a deadline)."""
+    global _received
+    if not _flag.is_set():
+        _received = int(signum)
     _flag.set()
 
 
 def reset() -> None:
+    global _received
     _flag.clear()
+    _received = 0
+
+
+def poll(time_due: bool = False) -> tuple[int, bool]:
+    """At a step boundary: (signal to stop for, 0 if none; whether a rolling checkpoint is due).
+    Every process gets the same answer: any process's signal stops them all, and process 0's
+    clock decides the checkpoint. One small collective with several processes, none with one."""
+    import jax
+
+    sig = _received if _flag.is_set() else 0
+    if jax.process_count() == 1:
+        return sig, time_due
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    rows = np.asarray(multihost_utils.process_allgather(np.array([sig, int(time_due)], dtype=np.int32)))
+    rows = rows.reshape(-1, 2)
+    return int(rows[:, 0].max()), bool(rows[0, 1])
+
+
+def requeues(signum: int) -> bool:
+    """Whether this stop is a Slurm requeue (preemption / time limit) rather than the end."""
+    return under_slurm() and signum not in STOP_SIGNALS
+
+
+def exit_code(signum: int) -> int:
+    """The shell's convention for a process ended by a signal: 128 + its number."""
+    return 128 + int(signum)
 
 
 def _any_process(flag: bool) -> bool:

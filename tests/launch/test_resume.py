@@ -74,3 +74,124 @@ def test_slurm_run_resumes_in_the_same_directory(tmp_path, tracking_uri):
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     assert run_dir_of(again) == run_dir and (run_dir / "probe-0.json").is_file()
     assert len(json.loads((run_dir / "record.json").read_text())["slurm_jobs"]) == 2
+
+
+# ---------------------------------------------------------------- nothing is ever lost
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A tiny run trained in-process to step 6 of 16 (checkpoints 3 and 6), shared read-only."""
+    import signal
+
+    from tests.helpers import compose_dict
+    from marin.config.validate import load
+    from marin.track import record
+    from marin.train.loop import train
+
+    tmp = tmp_path_factory.mktemp("stopped")
+    overrides = [*TINY, "train.stop_after=6", f"run.out_dir={tmp}", f"tracking.uri=sqlite:///{tmp}/mlflow.db"]
+    composed, resolved = load(compose_dict(*overrides))
+    rec = record.create(composed, resolved, overrides)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+    train(resolved, rec)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    return rec
+
+
+def _listing(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def _copy_into_new_run(rec, tmp_path):
+    """A fresh run record with the same config and a copy of `rec`'s checkpoints (to damage)."""
+    import shutil
+
+    from tests.helpers import compose_dict
+    from marin.config.validate import load
+    from marin.track import record
+
+    overrides = record.RunRecord(rec.run_dir, rec.run_id, rec.tracking_uri, rec.experiment_name).overrides()
+    composed, resolved = load(compose_dict(*overrides))
+    copy = record.create(composed, resolved, overrides)
+    shutil.copytree(rec.run_dir / "checkpoints", copy.run_dir / "checkpoints")
+    return copy
+
+
+@pytest.mark.parametrize("override", ["model.num_experts=8", "optim.grad_clip=1.0"])
+def test_resume_refuses_a_structure_change_and_touches_nothing(stopped_run, override, capsys):
+    from mlflow import MlflowClient
+
+    from marin.launch.resume import resume
+
+    run_dir = stopped_run.run_dir
+    before = (_listing(run_dir), (run_dir / "record.json").read_text())
+    status = MlflowClient(stopped_run.tracking_uri).get_run(stopped_run.run_id).info.status
+    with pytest.raises(SystemExit) as exit_:
+        resume([f"resume={run_dir}", override])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: resume: ") and override.split("=")[0] in line and ("opt_state." in line or "params." in line)
+    assert f"reproduce={run_dir} {override}" in line
+    assert (_listing(run_dir), (run_dir / "record.json").read_text()) == before   # no .corrupt, no record change
+    assert MlflowClient(stopped_run.tracking_uri).get_run(stopped_run.run_id).info.status == status
+
+
+def test_resume_with_only_damaged_checkpoints_fails_and_sets_them_aside(stopped_run, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    from marin.launch.resume import resume
+
+    copy = _copy_into_new_run(stopped_run, tmp_path)
+    for step_dir in (copy.run_dir / "checkpoints").iterdir():
+        victim = next(f for f in (step_dir / "meta").rglob("*") if f.is_file() and f.name != "commit_success.txt")
+        victim.write_bytes(victim.read_bytes().replace(b"6", b"7").replace(b"3", b"4"))
+    with pytest.raises(SystemExit) as exit_:
+        resume([f"resume={copy.run_dir}"])
+    assert exit_.value.code == 1
+    assert "no intact checkpoint" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert _listing(copy.run_dir) == ["3.corrupt", "6.corrupt"]                 # kept, never deleted
+    assert "resumes" not in json.loads((copy.run_dir / "record.json").read_text())
+    assert MlflowClient(copy.tracking_uri).get_run(copy.run_id).info.status == "FAILED"
+    with pytest.raises(SystemExit):   # and a plain resume= never starts again from step 0
+        resume([f"resume={copy.run_dir}"])
+
+
+def test_nan_right_after_a_restore_names_the_checkpoint(stopped_run, tmp_path, capsys):
+    import jax
+    import jax.numpy as jnp
+
+    from marin.launch.resume import resume
+    from marin.train.checkpoint import Checkpointer, abstract_state
+
+    from omegaconf import OmegaConf
+
+    from marin.config.schema import Config
+    from marin.config.validate import load
+
+    copy = _copy_into_new_run(stopped_run, tmp_path)
+    _, cfg = load(OmegaConf.merge(OmegaConf.structured(Config), copy.composed()))
+    ckpt = Checkpointer(copy.run_dir, cfg)
+    state, _ = ckpt.restore(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_state(cfg)))
+    poisoned = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params), step=state.step + 1)
+    ckpt.save(7, poisoned, {}, force=True)   # a checkpoint with a valid manifest, bad values
+    ckpt.close()
+    with pytest.raises(SystemExit) as exit_:
+        resume([f"resume={copy.run_dir}"])
+    assert exit_.value.code == 3
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "non-finite loss" in line and str(copy.run_dir / "checkpoints" / "7") in line and "lr" not in line
+
+
+def test_resume_runs_to_the_end_without_the_first_stop_after(stopped_run, capsys):
+    """Last in the module: it continues the shared run (steps 6..15)."""
+    from mlflow import MlflowClient
+
+    from marin.launch.resume import resume
+
+    resume([f"resume={stopped_run.run_dir}"])
+    client = MlflowClient(stopped_run.tracking_uri)
+    assert sorted({m.step for m in client.get_metric_history(stopped_run.run_id, "train/loss")}) == list(range(16))
+    assert client.get_run(stopped_run.run_id).info.status == "FINISHED"
+    info = json.loads((stopped_run.run_dir / "record.json").read_text())
+    assert len(info["resumes"]) == 1 and "train.stop_after" not in info["resumes"][0]["changes"]

@@ -129,3 +129,31 @@ def test_warns_when_commit_or_packages_differ(source, caplog, tmp_path):
         recompose(str(copy), [])
     messages = " ".join(r.message for r in caplog.records)
     assert "git commit 000000000000" in messages and "jax 0.0.1 →" in messages
+
+
+HARDWARE = sorted(p.stem for p in (PROJECT_ROOT / "conf" / "hardware").glob("*.yaml"))
+# One model and batch every shipped option accepts (64 experts, a batch every data-parallel size divides).
+FITS_EVERY_RACK = ["model=tiny", "model.num_experts=64", "train.global_batch=4224", "train.seq_len=32", "train.steps=4"]
+
+
+@pytest.mark.parametrize("hardware", HARDWARE)
+def test_every_hardware_option_round_trips(hardware, store):
+    """reproduce= and resume= (dry runs: the hardware is absent) of a run on each shipped option
+    give back its hardware, env included (a non-empty hardware.env was refused as schema drift)."""
+    from tests.helpers import compose_dict
+    from marin.config.validate import load
+    from marin.launch.resume import resume
+
+    overrides = [f"hardware={hardware}", *FITS_EVERY_RACK, f"tracking.uri={store['uri']}",
+                 f"run.out_dir={store['out']}", f"run.name=hw-{hardware}"]
+    composed, resolved = load(compose_dict(*overrides))
+    made = record.create(composed, resolved, overrides)
+    _, again, _ = recompose(str(made.run_dir), ["dry_run=true"])
+    assert record.config_dict(again)["hardware"] == record.config_dict(resolved)["hardware"]
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        resume([f"resume={made.run_dir}", "dry_run=true", f"run.out_dir={store['out']}"], dry_run=True)
+    out = printed.getvalue()
+    assert f"resuming run {made.run_id}" in out and "changes:" not in out

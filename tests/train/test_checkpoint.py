@@ -1,4 +1,6 @@
-"""Checkpoints: round trip of a train-state-like tree, retention, atomicity, corrupt newest."""
+"""Checkpoints: round trip of a train-state-like tree, retention, atomicity, corrupt newest,
+content manifests, structure checks that never rename, the rolling (time) cadence."""
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -9,11 +11,12 @@ import numpy as np
 import optax
 import pytest
 
-from marin.train.checkpoint import Checkpointer, NoCheckpointError, restore_from
+from marin.train.checkpoint import (MANIFEST, Checkpointer, NoCheckpointError, StructureMismatch,
+                                    check_structure, restore_from)
 
 
-def config(every=1, keep_last=2, permanent=0, async_save=True):
-    return NS(train=NS(steps=100, seed=7, checkpoint=NS(every_steps=every, keep_last=keep_last,
+def config(every=1, keep_last=2, permanent=0, async_save=True, minutes=0.0):
+    return NS(train=NS(steps=100, seed=7, checkpoint=NS(every_steps=every, keep_last=keep_last, every_minutes=minutes,
                                                         permanent_every=permanent, async_save=async_save)),
               schedule=NS(horizon_steps=None))
 
@@ -85,7 +88,7 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
         restored, meta = reopened.restore(state_at(0))
     assert meta["step"] == 1 and same(restored, state_at(1))
-    assert "unreadable" in caplog.text and "instead of the newest" in caplog.text
+    assert "damaged" in caplog.text and "instead of the newest" in caplog.text
     # the bad one is set aside, so the resumed run can write step 2 again
     assert (Path(ckpt.directory) / "2.corrupt").is_dir() and reopened.latest_step() == 1
     assert reopened.save(2, state_at(2), {})
@@ -110,3 +113,71 @@ def test_restore_from_another_run(tmp_path):
     assert same(restored, state_at(9)) and meta["mlflow_run_id"] == "first"
     with pytest.raises(NoCheckpointError):
         restore_from(tmp_path / "nowhere", state_at(0))
+
+
+def _data_files(step_dir: Path) -> list[Path]:
+    return sorted(f for f in (step_dir / "state").rglob("*") if f.is_file() and f.parent.name == "d")
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_every_checkpoint_has_a_manifest_when_listed(tmp_path, async_save):
+    ckpt = Checkpointer(tmp_path, config(async_save=async_save))
+    ckpt.save(1, state_at(1), {})
+    ckpt.wait()
+    manifest = json.loads((Path(ckpt.directory) / "1" / MANIFEST).read_text())["files"]
+    assert any(name.startswith("state/") for name in manifest) and any(name.startswith("meta/") for name in manifest)
+
+
+def test_a_single_flipped_bit_is_detected_and_set_aside(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, config())
+    for step in (1, 2):
+        ckpt.save(step, state_at(step), {})
+    ckpt.wait()
+    victim = max(_data_files(Path(ckpt.directory) / "2"), key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
+        restored, meta = Checkpointer(tmp_path, config()).restore(state_at(0))
+    assert meta["step"] == 1 and same(restored, state_at(1))
+    assert "does not match its sha256" in caplog.text
+    assert (Path(ckpt.directory) / "2.corrupt" / victim.relative_to(Path(ckpt.directory) / "2")).is_file()  # kept
+
+
+def test_a_different_structure_never_renames_a_checkpoint(tmp_path):
+    ckpt = Checkpointer(tmp_path, config())
+    ckpt.save(1, state_at(1), {})
+    ckpt.wait()
+    other = state_at(0)
+    other["params"]["layers"]["moe"]["w_up"] = jnp.zeros((2, 8, 3, 5))   # num_experts 4 → 8
+    other["opt_state"] = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)).init(other["params"])
+    with pytest.raises(StructureMismatch, match=r"params\.layers\.moe\.w_up: \(2, 4, 3, 5\) float32 → \(2, 8, 3, 5\)"):
+        check_structure(tmp_path, jax.eval_shape(lambda: other))
+    with pytest.raises(StructureMismatch):
+        Checkpointer(tmp_path, config()).restore(other)
+    assert sorted(p.name for p in Path(ckpt.directory).iterdir()) == ["1"]
+    check_structure(tmp_path, jax.eval_shape(lambda: state_at(0)))  # the same structure passes
+
+
+def test_checkpoint_from_before_manifests_restores_unverified(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, config())
+    ckpt.save(1, state_at(1), {})
+    ckpt.wait()
+    (Path(ckpt.directory) / "1" / MANIFEST).unlink()
+    with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
+        restored, _ = Checkpointer(tmp_path, config()).restore(state_at(0))
+    assert same(restored, state_at(1)) and "restored unverified" in caplog.text
+
+
+def test_rolling_checkpoint_is_due_by_the_clock(tmp_path):
+    now = [0.0]
+    ckpt = Checkpointer(tmp_path, config(every=0, minutes=60), clock=lambda: now[0])
+    assert not ckpt.time_due()
+    now[0] = 3599.0
+    assert not ckpt.time_due()
+    now[0] = 3600.0
+    assert ckpt.time_due()
+    ckpt.save(7, state_at(7), {}, force=True)
+    assert not ckpt.time_due()                       # the hour counts from the last save
+    ckpt.wait()
+    assert not Checkpointer(tmp_path, config(every=0, minutes=0), clock=lambda: 1e9).time_due()  # 0 = off

@@ -1,4 +1,5 @@
 """The preemption flag and the requeue decision (the Slurm side runs in tests/launch/test_slurm.py)."""
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from marin.train import preempt
 
 @pytest.fixture(autouse=True)
 def clean_flag():
-    old = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    old = {s: signal.getsignal(s) for s in preempt.SIGNALS + preempt.STOP_SIGNALS}
     preempt.reset()
     yield
     preempt.reset()
@@ -52,3 +53,54 @@ def test_requeues_are_bounded(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         preempt.requeue()
     assert exit_.value.code == 1 and calls == []
+
+
+def test_ctrl_c_stops_and_a_second_one_stops_at_once(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")   # even under Slurm, Ctrl-C is a stop, not a requeue
+    preempt.install()
+    os.kill(os.getpid(), signal.SIGINT)          # would raise KeyboardInterrupt without the handler
+    assert preempt.poll() == (signal.SIGINT, False)
+    assert not preempt.requeues(signal.SIGINT) and preempt.requeues(signal.SIGTERM)
+    assert preempt.exit_code(signal.SIGINT) == 130 and preempt.exit_code(signal.SIGTERM) == 143
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_poll_passes_the_rolling_checkpoint_decision():
+    assert preempt.poll(time_due=True) == (0, True)
+    assert preempt.poll(time_due=False) == (0, False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
+    """launch.py in a subprocess; the signal comes once the first step is logged."""
+    import re
+    import sys
+    import time
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    root = Path(__file__).resolve().parents[2]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", "train.steps=100000", "train.seq_len=32",
+                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
+                                 f"tracking.uri={uri}"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 300
+        while "loss=" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=300)
+    text = err.read_text()
+    assert rc == code, text[-3000:]
+    run_dir = Path(re.search(r"run directory: (\S+)", text).group(1))
+    lines = [line for line in text.replace("\r", "\n").splitlines() if "resume=" in line]
+    assert lines == [next(line for line in lines if line.endswith(f"python launch.py resume={run_dir}"))], lines
+    assert "Traceback" not in text
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
+    run_id = json.loads((run_dir / "record.json").read_text())["run_id"]
+    assert MlflowClient(uri).get_run(run_id).info.status == "KILLED"
