@@ -115,7 +115,11 @@ def test_resume_with_a_secret_override_writes_no_secret(configure, store, tmp_pa
 
     composed, resolved, overrides = configure("run.name=res")
     rec = record.create(composed, resolved, overrides)
-    monkeypatch.setattr(loop, "train", lambda cfg, rec, loader=None: {})
+    def fake_train(cfg, rec, loader=None, on_restored=None):
+        on_restored(0)  # the record is updated once the (here absent) checkpoint is restored
+        return {}
+
+    monkeypatch.setattr(loop, "train", fake_train)
     monkeypatch.setattr(distributed, "apply_environment", lambda hw: None)
     resume.resume([f"resume={rec.run_dir}", "+hardware.env.HF_TOKEN=restok-6620"])
     text = everything_written(rec, store["uri"], tmp_path)
