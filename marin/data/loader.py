@@ -88,7 +88,7 @@ class Loader:
         source drew before each phase starts."""
         B = self.global_batch
         self._chunks = -(-self._num_tokens // self.seq_len)  # K = ⌈N / T⌉ chunks per epoch
-        self._ids = [sampling.name_id(n) for n in self.source_names]
+        self._ids = np.asarray([sampling.name_id(n) for n in self.source_names], np.uint64)
         self._edges = [sampling.boundaries(w, B) for w in weights]
         self._beta = [int(sampling.key(self.seed, PHASE_STREAM, p)[0] % np.uint64(sampling.M))
                       for p in range(len(weights))]
@@ -149,13 +149,11 @@ class Loader:
         mine = order[self.row_start:self.row_stop]
         src = slot_source[mine]
         drawn = before[src] + slot_rank[mine]  # this is the source's drawn-th row, ever
-        start = np.empty(len(src), np.int64)
-        for s in np.unique(src):
-            sel, K, N, ident = src == s, self._chunks[s], self._num_tokens[s], self._ids[s]
-            epoch, chunk = np.divmod(drawn[sel], K)
-            chunk = sampling.permute(chunk, K, sampling.key(self.seed, ORDER_STREAM, ident, epoch))
-            offset = (sampling.key(self.seed, OFFSET_STREAM, ident, epoch) % np.uint64(N)).astype(np.int64)
-            start[sel] = (offset + chunk * self.seq_len) % N
+        K, N, ident = self._chunks[src], self._num_tokens[src], self._ids[src]
+        epoch, chunk = np.divmod(drawn, K)
+        chunk = sampling.permute(chunk, K, sampling.key(self.seed, ORDER_STREAM, ident, epoch))
+        offset = (sampling.key(self.seed, OFFSET_STREAM, ident, epoch) % N.astype(np.uint64)).astype(np.int64)
+        start = (offset + chunk * self.seq_len) % N
         return counts, src, start
 
     def _rows_before(self, step: int) -> np.ndarray:

@@ -28,15 +28,16 @@ A = 9_548_893  # ≈ M·(√5 − 1)/2, odd (coprime with M): θ(m) visits every
 ROUNDS = 4
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _ROUND_KEYS = np.arange(1, ROUNDS + 1, dtype=np.uint64) * _GOLDEN  # arrays wrap silently
 
 
 def mix(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser: a bijective, well-mixed uint64 → uint64 (arrays: wraps silently)."""
     x = np.asarray(x, np.uint64)
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
 
 
 def key(seed: int, *parts) -> np.ndarray:
@@ -106,21 +107,26 @@ def rows_before(edges: np.ndarray, m: int, beta: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- where rows read
 
-def permute(index: np.ndarray, size: int, keys: np.ndarray) -> np.ndarray:
-    """A keyed bijection of [0, size), applied to `index` (int64), `keys` per element (uint64).
+def permute(index: np.ndarray, size: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """A keyed bijection of [0, size), applied to `index` (int64); `size` and `keys` (uint64) are
+    per element (broadcast), so rows of many sources go in one call.
 
     A balanced Feistel network on the smallest even power of two ≥ size, cycle-walked (re-applied
     while the value falls outside [0, size)): O(1) memory, vectorised."""
-    half = max(1, ((int(size) - 1).bit_length() + 1) // 2)
-    mask, shift = np.uint64((1 << half) - 1), np.uint64(half)
-    keys = np.broadcast_to(np.asarray(keys, np.uint64), np.shape(index))
-    out = np.asarray(index, np.uint64).copy()
-    todo = np.ones(out.shape, bool)
-    while todo.any():
-        x, k = out[todo], keys[todo]
-        left, right = x >> shift, x & mask
-        for r in _ROUND_KEYS:
-            left, right = right, left ^ (mix(right + k + r) & mask)
-        out[todo] = (left << shift) | right
-        todo = out >= np.uint64(size)
+    index = np.asarray(index, np.int64)
+    size = np.broadcast_to(np.asarray(size, np.int64), index.shape)
+    bits = np.frexp(np.maximum(size - 1, 0).astype(np.float64))[1]  # (size − 1).bit_length(), size < 2^53
+    half = np.maximum(1, (bits + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    keys = np.broadcast_to(np.asarray(keys, np.uint64), index.shape)
+    out, limit = index.astype(np.uint64), size.astype(np.uint64)
+    todo = np.arange(out.size)
+    while todo.size:
+        x, k, h, m = out[todo], keys[todo], half[todo], mask[todo]
+        left, right = x >> h, x & m
+        for r in _ROUND_KEYS:  # round function: a multiply-xorshift, enough to shuffle chunks
+            f = (right + k + r) * _M1
+            left, right = right, left ^ ((f ^ (f >> _S31)) & m)
+        out[todo] = (left << h) | right
+        todo = todo[out[todo] >= limit[todo]]
     return out.astype(np.int64)
