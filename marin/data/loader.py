@@ -76,7 +76,7 @@ class Loader:
         self._cdf = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
         self._last_positive = [int(np.flatnonzero(w > 0)[-1]) for w in weights]
         self.sampling = cfg.data.sampling
-        self._num_tokens = np.asarray([s.num_tokens for s in self.shards], np.int64)
+        self._num_tokens = np.asarray([0 if s is None else s.num_tokens for s in self.shards], np.int64)
         if self.sampling == "epoch":
             self._plan_epochs(weights)
         self._warn_epochs()
@@ -137,6 +137,7 @@ class Loader:
         return np.bincount(src, minlength=len(self.sources)), mine, start
 
     def _epoch_rows(self, step: int):
+        """`rows` for data.sampling=epoch (see `marin.data.sampling`)."""
         p, B = self.phase(step), self.global_batch
         before = self._rows_before(step)
         first = sampling.points_below(self._edges[p], sampling.theta(step - self._starts[p], self._beta[p]))
@@ -217,11 +218,12 @@ class Loader:
         return totals
 
     def epochs_seen(self, step: int) -> dict[str, float]:
-        """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens."""
+        """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens
+        (sources of zero weight in every phase are not prepared, and not listed)."""
         drawn = dict.fromkeys(self.source_names, 0)
         for key, tokens in self.tokens_seen(step).items():
             drawn[key.rsplit("/", 1)[0]] += tokens
-        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, self._num_tokens)}
+        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, self._num_tokens) if t}
 
     def resume_tokens_seen(self, step: int, totals: dict[str, int]) -> None:
         """Start the count at `step` from totals saved earlier (e.g. in a checkpoint)."""
