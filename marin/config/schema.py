@@ -111,6 +111,7 @@ class DataConfig:
     phase_names: List[str] = field(default_factory=lambda: ["pretrain"])
     phase_boundaries: List[float] = field(default_factory=list)  # fractions of the run in (0, 1)
     max_epochs: float = 8.0              # no source may repeat more than this
+    sampling: str = "epoch"              # epoch (each source read in seeded epochs) | random (with replacement)
     eval_sets: List[EvalSetConfig] = field(default_factory=list)
     cache_dir: Optional[str] = None      # token cache; default <run.out_dir>/cache/tokens
 

@@ -18,6 +18,7 @@ CHOICES = {
     "model.compute_dtype": ("float32", "bfloat16"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),
     "router.combine": ("sigmoid", "softmax"),
+    "data.sampling": ("epoch", "random"),
     "hardware.launcher": ("local", "slurm"),
     "hardware.platform": ("cpu", "gpu"),
     "optim.name": ("adamw", "muonh"),

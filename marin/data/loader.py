@@ -1,10 +1,18 @@
 """The step → batch function: packed rows of the mixture, a pure function of (seed, mixture, step).
 
-Row r of the global batch at step N is drawn from counter-based hashes of (seed, N, r): one picks
-the row's source by the phase's weights, another a start position in that source's token stream
-(documents back to back, each ended by the end-of-document id); the row is the next seq_len + 1
-tokens (wrapping at the end of the stream). So a run restarted at step N sees exactly the batches
-an uninterrupted run would, and process p of P computes only its rows [p·B/P, (p+1)·B/P).
+Each source's token stream is its documents back to back, each ended by the end-of-document id,
+read as a circle; a row is seq_len + 1 consecutive tokens of it (inputs and shifted targets).
+`data.sampling` says which source each row of the global batch at step N reads, and where:
+
+- ``epoch`` (default, `marin.data.sampling`): each phase's weights give every source ⌊B·w⌋ or
+  ⌈B·w⌉ rows per step, so the rows a source drew before step N have a closed form; its j-th row
+  reads the next chunk of its stream in a seeded order that covers every chunk once per epoch.
+  A source drawn e < 1 epochs has shown a fraction e of its tokens; e ≥ 1, whole epochs.
+- ``random``: counter-based hashes of (seed, N, row) pick the row's source by the weights and a
+  start position in its stream (sampling with replacement: e epochs show ≈ 1 − exp(−e) of it).
+
+Either way a run restarted at step N sees exactly the batches an uninterrupted run would, and
+process p of P computes only its rows [p·B/P, (p+1)·B/P).
 
 NumPy only (no JAX). Batch arrays: ``inputs``/``targets`` int32 [b, T], ``segment_ids`` int32
 [b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (0 where
@@ -18,21 +26,15 @@ import logging
 
 import numpy as np
 
-from marin.data import mixture
+from marin.data import mixture, sampling
 from marin.data.prepare import Shard, prepare
 from marin.data.tokenizers import check_vocab, load_tokenizer
 
 log = logging.getLogger("marin.data")
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-SOURCE_STREAM, POSITION_STREAM = 1, 2
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijective, well-mixed uint64 → uint64."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+_mix = sampling.mix
+SOURCE_STREAM, POSITION_STREAM = 1, 2  # data.sampling=random
+ROW_STREAM, PHASE_STREAM, ORDER_STREAM, OFFSET_STREAM = 3, 4, 5, 6  # data.sampling=epoch
 
 
 def row_hash(seed: int, steps, rows, stream: int) -> np.ndarray:
@@ -73,9 +75,31 @@ class Loader:
         weights = np.asarray([s.weights for s in self.sources], np.float64).T  # [phases, S]
         self._cdf = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
         self._last_positive = [int(np.flatnonzero(w > 0)[-1]) for w in weights]
+        self.sampling = cfg.data.sampling
+        self._num_tokens = np.asarray([0 if s is None else s.num_tokens for s in self.shards], np.int64)
+        if self.sampling == "epoch":
+            self._plan_epochs(weights)
         self._warn_epochs()
         self._eval = None
         self._seen = (0, {})  # (step, totals): tokens_seen is incremental for increasing steps
+
+    def _plan_epochs(self, weights: np.ndarray) -> None:
+        """What `data.sampling=epoch` derives once: each phase's row intervals and the rows every
+        source drew before each phase starts."""
+        B = self.global_batch
+        self._chunks = -(-self._num_tokens // self.seq_len)  # K = ⌈N / T⌉ chunks per epoch
+        self._ids = np.asarray([sampling.name_id(n) for n in self.source_names], np.uint64)
+        self._edges = [sampling.boundaries(w, B) for w in weights]
+        self._beta = [int(sampling.key(self.seed, PHASE_STREAM, p)[0] % np.uint64(sampling.M))
+                      for p in range(len(weights))]
+        self._starts = [0, *self.boundaries]
+        self._phase_rows = [np.zeros(len(self.sources), np.int64)]
+        for p, (a, b) in enumerate(zip(self._starts, self._starts[1:])):
+            self._phase_rows.append(self._phase_rows[-1] + self._rows_in_phase(p, b - a))
+        self._memo = (-2, None, None)  # (step, rows before it, rows at it): consecutive steps are O(S)
+
+    def _rows_in_phase(self, p: int, steps: int) -> np.ndarray:
+        return sampling.rows_before(self._edges[p], max(0, steps), self._beta[p])
 
     def _warn_epochs(self) -> None:
         """The config check refuses known counts over the cap; here the prepared counts are known."""
@@ -101,32 +125,73 @@ class Loader:
             out[sel] = np.minimum(idx, self._last_positive[p])  # rounding: never a zero-weight source
         return out
 
+    def rows(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows per source in the global batch [S], source [b] and start in its stream [b] of
+        this process's rows) at `step`: what `batch` reads."""
+        if self.sampling == "epoch":
+            return self._epoch_rows(step)
+        src = self._choose_sources(np.asarray([step]), np.asarray([self.phase(step)]))[0]
+        mine = src[self.row_start:self.row_stop]
+        starts = row_hash(self.seed, step, np.arange(self.row_start, self.row_stop), POSITION_STREAM)
+        start = (starts % self._num_tokens[mine].astype(np.uint64)).astype(np.int64)
+        return np.bincount(src, minlength=len(self.sources)), mine, start
+
+    def _epoch_rows(self, step: int):
+        """`rows` for data.sampling=epoch (see `marin.data.sampling`)."""
+        p, B = self.phase(step), self.global_batch
+        before = self._rows_before(step)
+        first = sampling.points_below(self._edges[p], sampling.theta(step - self._starts[p], self._beta[p]))
+        counts = np.diff(first)  # slots [first[s], first[s+1]) of the global batch are source s's
+        self._memo = (step, before, counts)
+        slot_source = np.repeat(np.arange(len(self.sources)), counts)
+        slot_rank = np.arange(B) - first[slot_source]
+        # Batch row i holds slot order[i]: a seeded shuffle, so no process gets one source only.
+        order = np.argsort(row_hash(self.seed, step, np.arange(B), ROW_STREAM), kind="stable")
+        mine = order[self.row_start:self.row_stop]
+        src = slot_source[mine]
+        drawn = before[src] + slot_rank[mine]  # this is the source's drawn-th row, ever
+        K, N, ident = self._chunks[src], self._num_tokens[src], self._ids[src]
+        epoch, chunk = np.divmod(drawn, K)
+        chunk = sampling.permute(chunk, K, sampling.key(self.seed, ORDER_STREAM, ident, epoch))
+        offset = (sampling.key(self.seed, OFFSET_STREAM, ident, epoch) % N.astype(np.uint64)).astype(np.int64)
+        start = (offset + chunk * self.seq_len) % N
+        return counts, src, start
+
+    def _rows_before(self, step: int) -> np.ndarray:
+        """int64 [S]: rows each source drew in the global batches of steps [0, step)."""
+        last, before, counts = self._memo
+        if last == step:
+            return before
+        if last == step - 1:
+            return before + counts
+        p = self.phase(step)
+        return self._phase_rows[p] + self._rows_in_phase(p, step - self._starts[p])
+
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """This process's rows of the global batch at `step`."""
         T = self.seq_len
-        src = self._choose_sources(np.asarray([step]), np.asarray([self.phase(step)]))[0]
-        rows = np.arange(self.row_start, self.row_stop)
-        mine = src[self.row_start:self.row_stop]
-        starts = row_hash(self.seed, step, rows, POSITION_STREAM)
-        window = np.empty((len(rows), T + 1), np.int64)
-        doc = np.empty((len(rows), T + 1), np.int64)
+        counts, mine, start = self.rows(step)
+        window = np.empty((len(mine), T + 1), np.int64)
+        doc = np.empty((len(mine), T + 1), np.int64)
         span = np.arange(T + 1, dtype=np.int64)
         for s in np.unique(mine):
             shard: Shard = self.shards[s]
             sel = mine == s
-            n = np.uint64(shard.num_tokens)
-            idx = ((starts[sel] % n).astype(np.int64)[:, None] + span) % shard.num_tokens
+            idx = (start[sel][:, None] + span) % shard.num_tokens
             window[sel] = shard.tokens[idx]
             doc[sel] = np.searchsorted(shard.offsets, idx, side="right")
         batch = _pack(window, doc, T)
-        batch["source_counts"] = np.bincount(src, minlength=len(self.sources)).astype(np.int64) * T
+        batch["source_counts"] = counts.astype(np.int64) * T
         return batch
 
     def tokens_seen(self, step: int) -> dict[str, int]:
         """{"<source>/<phase>": tokens} over the global batches of steps [0, step).
 
-        Incremental: a call costs only the steps since the previous one (a first call at step N
-        replays N steps' source choices, vectorised; `resume_tokens_seen` skips that)."""
+        `data.sampling=epoch`: a closed form. `random`: incremental, a call costs only the steps
+        since the previous one (a first call at step N replays N steps' source choices,
+        vectorised; `resume_tokens_seen` skips that)."""
+        if self.sampling == "epoch":
+            return self._epoch_tokens_seen(step)
         done, totals = self._seen
         if step < done:
             done, totals = 0, {}
@@ -142,6 +207,23 @@ class Loader:
                     totals[key] = totals.get(key, 0) + int(counts[i])
         self._seen = (step, totals)
         return dict(totals)
+
+    def _epoch_tokens_seen(self, step: int) -> dict[str, int]:
+        totals = {}
+        for p, start in enumerate(self._starts):
+            stop = self._starts[p + 1] if p + 1 < len(self._starts) else step
+            rows = self._rows_in_phase(p, min(step, stop) - start)
+            for i in np.flatnonzero(rows):
+                totals[f"{self.source_names[i]}/{self.phase_names[p]}"] = int(rows[i]) * self.seq_len
+        return totals
+
+    def epochs_seen(self, step: int) -> dict[str, float]:
+        """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens
+        (sources of zero weight in every phase are not prepared, and not listed)."""
+        drawn = dict.fromkeys(self.source_names, 0)
+        for key, tokens in self.tokens_seen(step).items():
+            drawn[key.rsplit("/", 1)[0]] += tokens
+        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, self._num_tokens) if t}
 
     def resume_tokens_seen(self, step: int, totals: dict[str, int]) -> None:
         """Start the count at `step` from totals saved earlier (e.g. in a checkpoint)."""

@@ -155,6 +155,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
 
     def evaluate(step: int) -> dict:
         tracker.log_metrics({f"data/tokens/{k}": v for k, v in loader.tokens_seen(step).items()}, step)
+        tracker.log_metrics({f"data/epochs/{k}": v for k, v in loader.epochs_seen(step).items()}, step)
         losses = {}
         for name, batches in loader.eval_batches().items():
             values = [float(eval_step(state, to_global(b))) for b in batches]
