@@ -112,6 +112,8 @@ def resolve(cfg: Config) -> Config:
         m.init_std = 0.5 / math.sqrt(d)
     if is_auto(a.qk_mult):
         a.qk_mult = qk_mult_through(a.qk_mult_base, stage_seq_lens(cfg))
+    if is_auto(a.qk_norm_eps):
+        a.qk_norm_eps = m.norm_eps
 
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model
@@ -131,6 +133,9 @@ def resolve(cfg: Config) -> Config:
         for name in ("lr", "b2", "eps"):
             if is_auto(getattr(o, name)):
                 setattr(o, name, rule[name])
+    for decay in o.decay:  # a weight-decay rule reaches 0 at the last step unless told otherwise
+        if is_auto(decay.end) and isinstance(t.steps, int):
+            decay.end = t.steps
     return cfg
 
 

@@ -39,6 +39,7 @@ class ModelConfig:
     remat: bool = False                  # recompute each block in the backward pass
     offload_carry: bool = False          # stage each layer's residual carry in host memory for the backward pass
     compute_dtype: str = "float32"       # float32 | bfloat16 (master weights stay float32)
+    router_dtype: str = "float32"        # float32 | bfloat16: the router matmul's output dtype (then cast to float32)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class AttentionConfig:
     rope_theta: float = 10000.0
     rope_on_global: bool = False         # False = NoPE on global layers
     qk_norm: bool = True                 # per-head RMS norm of q and k (no gain)
+    qk_norm_eps: Any = AUTO              # eps of that norm; auto = model.norm_eps
     qk_mult: Any = 1.3                   # multiplies the normed queries; auto = qk_mult_base rescaled per extension
     qk_mult_base: float = 1.3            # qk_mult of the pretraining stage: where auto starts
     xsa: bool = True                     # exclusive self-attention
@@ -155,6 +157,19 @@ class HardwareConfig:
 
 
 @dataclass
+class DecayRule:
+    """Decoupled weight decay on some parameters, decaying linearly to zero (`optim.decay`).
+
+    The coefficient is `value` at step `start`, falls linearly to 0 at step `end` and is 0
+    outside [start, end). Like AdamW's, it is multiplied by the group's learning rate.
+    """
+    pattern: str = "???"                 # a group (muonh | adamh | adam | adamw) or a path suffix on whole components: "attn/gate", "a|b/c"
+    value: float = 0.0                   # coefficient at `start`, ≥ 0
+    start: int = 0                       # first step with decay
+    end: Any = AUTO                      # the coefficient reaches 0 here; auto = train.steps
+
+
+@dataclass
 class OptimConfig:
     """Optimizer (`conf/optim/`, code in `marin/optim/`)."""
     name: str = "adamw"                  # adamw | muonh
@@ -165,8 +180,11 @@ class OptimConfig:
     b2: Any = 0.95                       # a number or auto
     eps: Any = 1e-8                      # a number or auto
     weight_decay: float = 0.0            # adamw only
+    decay: List[DecayRule] = field(default_factory=list)  # scheduled decay rules, every optimizer; one rule per parameter
     momentum: float = 0.95               # MuonH Nesterov momentum
     ns_steps: int = 5                    # Newton–Schulz iterations
+    ns_dtype: str = "float32"            # float32 | bfloat16: dtype of the Newton–Schulz iteration
+    ns_eps: float = 1e-7                 # Newton–Schulz normalisation: x / (‖x‖_F + ns_eps)
     grad_clip: Optional[float] = None    # global-norm clip; None = off
     offload: bool = False                # optimizer state (and fp32 masters) in pinned host memory
 

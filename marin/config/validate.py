@@ -7,6 +7,8 @@ prints them and exits non-zero. Pure Python: no JAX.
 """
 from __future__ import annotations
 
+import math
+
 from omegaconf import DictConfig, OmegaConf
 
 from marin.config import derive
@@ -16,12 +18,14 @@ CHOICES = {
     "model.dispatch": ("sort", "ragged_dot", "dense"),
     "model.eval_dispatch": ("waves", "unbounded"),
     "model.compute_dtype": ("float32", "bfloat16"),
+    "model.router_dtype": ("float32", "bfloat16"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),
     "router.combine": ("sigmoid", "softmax"),
     "data.sampling": ("epoch", "random"),
     "hardware.launcher": ("local", "slurm"),
     "hardware.platform": ("cpu", "gpu"),
     "optim.name": ("adamw", "muonh"),
+    "optim.ns_dtype": ("float32", "bfloat16"),
     "schedule.name": ("warmup_linear",),
 }
 
@@ -90,6 +94,10 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     for name in positive_ints:
         if _get(cfg, name) < 1:
             problems.append((name, f"must be ≥ 1; got {_get(cfg, name)}"))
+    for name in ("optim.ns_eps", "attention.qk_norm_eps"):
+        eps = _get(cfg, name)
+        if not derive.is_auto(eps) and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            problems.append((name, f"must be a finite number > 0{' or auto' if name.startswith('attention') else ''}; got {eps!r}"))
     if cfg.model.capacity_factor <= 0:
         problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
@@ -104,6 +112,7 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
 def check_relations(cfg: Config) -> list[tuple[str, str]]:
     """Checks between fields of a resolved config."""
     from marin.data.mixture import check as check_data  # pure Python, no JAX
+    from marin.optim.decay import check as check_decay  # pure Python, no JAX
 
     m, a, r, hw, t = cfg.model, cfg.attention, cfg.router, cfg.hardware, cfg.train
     problems = []
@@ -130,6 +139,7 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
         problems.append(("model.gated_norm_rank", f"must be ≥ 0 (0 = off); got {m.gated_norm_rank}"))
     if cfg.optim.lr <= 0:
         problems.append(("optim.lr", f"must be > 0; got {cfg.optim.lr}"))
+    problems += check_decay(cfg)
 
     devices = derive.device_count(hw)
     mesh = hw.mesh

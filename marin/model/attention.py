@@ -107,7 +107,7 @@ class Attention(nn.Module):
         v = jnp.take(v, kv_index, axis=2)
 
         if a.qk_norm:
-            q, k = rms_normalize(q, m.norm_eps), rms_normalize(k, m.norm_eps)
+            q, k = rms_normalize(q, a.qk_norm_eps), rms_normalize(k, a.qk_norm_eps)
         q = q * a.qk_mult
         use_rope = jnp.logical_or(a.rope_on_global, jnp.logical_not(is_global))
         positions = jnp.arange(seq)

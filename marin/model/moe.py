@@ -48,7 +48,7 @@ class MoE(nn.Module):
         )
 
         tokens = x.reshape(-1, d)
-        logits = matmul(tokens, router, jnp.float32)
+        logits = matmul(tokens, router, jnp.dtype(m.router_dtype)).astype(jnp.float32)
         h = RMSNorm(m.norm_eps, name="latent_norm")(matmul(tokens, latent_down, dtype)).astype(dtype)
         if expert_parallel_size(mesh) > 1:
             routed, stats = routed_experts_ep(h, logits, router_bias, experts, self.cfg, train=train, mesh=mesh)

@@ -5,10 +5,11 @@ A rule is a path suffix: "a|b/c" matches a parameter whose second-to-last compon
 rule once routed the published run's `attn_gate` into `attn_gated_norm` silently. The first
 matching rule wins; a parameter no rule claims is an error (a new parameter must be given a
 group on purpose, not fall into a default).
+
+Pure Python at import (JAX only inside `param_groups`): config validation uses the same matcher
+on the parameter table of `marin.model.accounting` (weight-decay rules, `marin.optim.decay`).
 """
 from __future__ import annotations
-
-import jax
 
 MUONH, ADAMH, ADAM, ADAMW = "muonh", "adamh", "adam", "adamw"
 
@@ -29,11 +30,17 @@ RULES: tuple[tuple[str, str], ...] = (
 )
 
 
-def _parse(rule: str) -> tuple[frozenset[str], ...]:
+def parse_rule(rule: str) -> tuple[frozenset[str], ...]:
+    """"a|b/c" → ({a, b}, {c}): the allowed names of each trailing path component."""
     return tuple(frozenset(part.split("|")) for part in rule.split("/"))
 
 
-_PARSED = tuple((_parse(rule), group) for rule, group in RULES)
+def matches(names: tuple[str, ...], suffix: tuple[frozenset[str], ...]) -> bool:
+    """Whether the path's last components are, one by one, among the rule's names (whole names)."""
+    return len(names) >= len(suffix) and all(n in allowed for n, allowed in zip(names[-len(suffix):], suffix))
+
+
+_PARSED = tuple((parse_rule(rule), group) for rule, group in RULES)
 
 
 def path_names(path) -> tuple[str, ...]:
@@ -52,7 +59,7 @@ def path_names(path) -> tuple[str, ...]:
 def group_of(names: tuple[str, ...]) -> str | None:
     """The group of the first rule whose components equal the path's last components."""
     for suffix, group in _PARSED:
-        if len(names) >= len(suffix) and all(n in allowed for n, allowed in zip(names[-len(suffix):], suffix)):
+        if matches(names, suffix):
             return group
     return None
 
@@ -62,6 +69,8 @@ def param_groups(params, optimizer: str = "muonh"):
 
     `optimizer="adamw"` puts every leaf in "adamw"; `"muonh"` applies RULES.
     """
+    import jax
+
     if optimizer == "adamw":
         return jax.tree.map(lambda _: ADAMW, params)
     if optimizer != "muonh":

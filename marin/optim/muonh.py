@@ -26,29 +26,30 @@ def matrix_norm(x: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
 
 
-def orthogonalize(x: jax.Array, ns_steps: int = 5, eps: float = 1e-7) -> jax.Array:
-    """Quintic Newton–Schulz on each matrix in the last two dims, in fp32.
+def orthogonalize(x: jax.Array, ns_steps: int = 5, eps: float = 1e-7, dtype=jnp.float32) -> jax.Array:
+    """Quintic Newton–Schulz on each matrix in the last two dims; returns `dtype`.
 
-    Normalising by the Frobenius norm puts every singular value in (0, 1]; the quintic then
-    pushes them to ≈[0.7, 1.1] (tuned for speed, not exact convergence). The iteration runs on
-    the wide orientation so X·Xᵀ is the smaller Gram matrix.
+    Normalising by the Frobenius norm (in fp32) puts every singular value in (0, 1]; the quintic
+    then pushes them to ≈[0.7, 1.1] (tuned for speed, not exact convergence). The iteration runs
+    in `dtype` (the published run: bfloat16 with eps 1e-8, modded-nanogpt's pattern; its
+    matmuls take half the bytes) on the wide orientation, so X·Xᵀ is the smaller Gram matrix.
     """
     a, b, c = NS_COEFFS
     x = x.astype(jnp.float32)
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = jnp.swapaxes(x, -2, -1)
-    x = x / (matrix_norm(x) + eps)
+    x = (x / (matrix_norm(x) + eps)).astype(dtype)
     for _ in range(ns_steps):
         gram = x @ jnp.swapaxes(x, -2, -1)
         x = a * x + (b * gram + c * gram @ gram) @ x
     return jnp.swapaxes(x, -2, -1) if tall else x
 
 
-def scale_by_newton_schulz(ns_steps: int) -> optax.GradientTransformation:
+def scale_by_newton_schulz(ns_steps: int, dtype=jnp.float32, eps: float = 1e-7) -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         del params
-        return jax.tree.map(lambda u: orthogonalize(u, ns_steps).astype(u.dtype), updates), state
+        return jax.tree.map(lambda u: orthogonalize(u, ns_steps, eps, dtype).astype(u.dtype), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
@@ -92,11 +93,13 @@ def hyperball(learning_rate) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5) -> optax.GradientTransformation:
+def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5, ns_dtype=jnp.float32,
+          ns_eps: float = 1e-7) -> optax.GradientTransformation:
     # Nesterov in optax's sum form (g + β·m); it differs from the EMA form only by the factor
-    # (1 − β), which orthogonalisation and the hyperball normalisation both remove.
+    # (1 − β), which orthogonalisation and the hyperball normalisation both remove. The
+    # momentum stays fp32 whatever ns_dtype is.
     return optax.chain(optax.trace(decay=momentum, nesterov=True, accumulator_dtype=jnp.float32),
-                       scale_by_newton_schulz(ns_steps), hyperball(learning_rate))
+                       scale_by_newton_schulz(ns_steps, ns_dtype, ns_eps), hyperball(learning_rate))
 
 
 def adamh(learning_rate, b1: float, b2: float, eps: float) -> optax.GradientTransformation:
