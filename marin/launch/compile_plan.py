@@ -276,7 +276,6 @@ def compile_plan(cfg) -> dict:
     out = plan(cfg)
     r = replica_config(cfg)
     steps = compile_steps(cfg)
-    limit = derive.memory_limit_gib(cfg.hardware)
     out["compiled"] = {
         **steps,
         "replica": {"devices": replica_devices(cfg), "global_batch": r.train.global_batch,
@@ -287,9 +286,16 @@ def compile_plan(cfg) -> dict:
                    "remat": derive.remat_mode(cfg.model.remat), "offload_carry": cfg.model.offload_carry,
                    "attention_impl": r.attention.impl},
     }
-    out["memory_limit_gib"] = "unknown" if limit is None else round(limit, 3)
-    out["fits"] = None if limit is None else all(s["peak_gib"] <= limit for s in steps.values())
+    out["memory_limit_gib"], out["fits"] = fits(steps, derive.memory_limit_gib(cfg.hardware))
     return out
+
+
+def fits(steps: dict, limit: float | None) -> tuple:
+    """(memory_limit_gib, fits): every step's device peak within the limit; ("unknown", None)
+    where the hardware has no memory figure."""
+    if limit is None:
+        return "unknown", None
+    return round(limit, 3), all(s["peak_gib"] <= limit for s in steps.values())
 
 
 def run(cfg) -> None:

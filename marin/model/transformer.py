@@ -34,6 +34,29 @@ INIT_SEQ_LEN = 8
 # Name of each layer's input (the residual carry) for remat policies: `model.offload_carry`
 # stages exactly this tensor in pinned host memory between the forward and backward pass.
 CARRY = "carry"
+# Routed expert weights [E, ...] per layer: expert-parallel, never gathered (marin/train/state.py).
+EXPERT_LEAVES = ("w_gate", "w_up", "w_down")
+
+
+def gathered(module, cfg: Config, mesh):
+    """`module` whose weights are all-gathered where they are used (FSDP, `hardware.mesh.fsdp`).
+
+    The state keeps each weight sharded inside the replica; an explicit constraint to
+    replicated at its use makes XLA all-gather one layer at a time (inside the layer scan and,
+    with remat, again in the backward pass) and reduce-scatter the gradient, instead of letting
+    the partitioner split the matmuls over the batch's own axes. Expert weights stay split."""
+    if mesh is None or not cfg.hardware.mesh.fsdp:
+        return module
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def gather(path, x):
+        names = {getattr(k, "key", None) for k in path}
+        return x if names & set(EXPERT_LEAVES) else jax.lax.with_sharding_constraint(x, replicated)
+
+    return nn.map_variables(module, "params", trans_in_fn=lambda v: jax.tree_util.tree_map_with_path(gather, v),
+                            init=False)
 
 
 def compute_dtype(cfg: Config) -> jnp.dtype:
@@ -111,11 +134,14 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, inputs: jax.Array, segment_ids: jax.Array, router_bias: jax.Array):
         m, a = self.cfg.model, self.cfg.attention
-        x = nn.Embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
+        embed = gathered(nn.Embed, self.cfg, self.mesh)
+        x = embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
         x = norm_site(self.cfg, "embed")(x)
 
         mode = remat_mode(m.remat)
-        block = Block if mode == "none" else nn.remat(Block, prevent_cse=False, policy=remat_policy(self.cfg))
+        block = gathered(Block, self.cfg, self.mesh)
+        if mode != "none":
+            block = nn.remat(block, prevent_cse=False, policy=remat_policy(self.cfg))
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast), length=m.num_layers)
         is_global = jnp.array(layer_is_global(m.num_layers, a.global_every, a.last_layer_global))
@@ -123,7 +149,7 @@ class Transformer(nn.Module):
             x, (is_global, router_bias), segment_ids)
 
         x = norm_site(self.cfg, "final")(x)
-        logits = Head(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
+        logits = gathered(Head, self.cfg, self.mesh)(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
         return logits, stats
 
 

@@ -27,7 +27,7 @@ from marin.model import routers, transformer
 
 # Leaves that hold one slice per routed expert on axis 1 (after the stacked-layer axis): they are
 # split over the mesh's `expert` axis; so are the optimizer moments that mirror them.
-EXPERT_LEAVES = ("w_gate", "w_up", "w_down")
+EXPERT_LEAVES = transformer.EXPERT_LEAVES
 FSDP_AXES = ("data", "expert")
 FSDP_MIN_SIZE = 2 ** 14          # smaller leaves are not worth a collective: replicated
 HOST = "pinned_host"
