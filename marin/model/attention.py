@@ -89,13 +89,11 @@ def attention_impl(cfg: Config) -> str:
 
 
 def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-           is_global: jax.Array, window: int, kv_global: int) -> jax.Array:
-    """Masked softmax attention, [B, T, H, h] float32, of q [B, T, H, h] over the stored KV heads
-    k, v [B, T, KV, h]; every kernel applies `attention_mask` and the 1/√h scale."""
+           is_global: jax.Array, window: int) -> jax.Array:
+    """Masked softmax attention, [B, T, H, h] float32, of q, k, v [B, T, H, h] (K/V one per query
+    head); every kernel applies `attention_mask`'s rule and the 1/√h scale."""
     if impl == "cudnn":
-        return cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global)
-    kv_index = kv_head_index(q.shape[2], k.shape[2], kv_global, is_global)
-    k, v = jnp.take(k, kv_index, axis=2), jnp.take(v, kv_index, axis=2)
+        return cudnn_attention(q, k, v, segment_ids, is_global, window)
     if impl == "blockwise":
         return blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
     if impl == "reference":
@@ -104,39 +102,36 @@ def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax
 
 
 def reference_attention(q, k, v, segment_ids, is_global, window) -> jax.Array:
-    """The plain formula on the whole [B, H, T, T] score matrix (for tests and short sequences);
-    k, v already one per query head."""
+    """The plain formula on the whole [B, H, T, T] score matrix (tests, short sequences)."""
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     mask = attention_mask(segment_ids, is_global, window)[:, None]  # broadcast over heads
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
-def cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global, implementation="cudnn") -> jax.Array:
+def cudnn_attention(q, k, v, segment_ids, is_global, window, implementation="cudnn") -> jax.Array:
     """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (16-bit dtypes, GPU).
 
     What it can express: causal, the sliding window (local_window_size=(window − 1, 0), i.e.
-    t − s < window), GQA over the stored heads (global layers pass only the first kv_global), and
-    padding at the end of a row (query/key lengths). What it cannot: several packed documents in
-    one row, so a batch holding any such row runs `blockwise_attention` instead (chosen at run
-    time; both are compiled). `implementation="xla"` runs the same calls on any backend (tests).
+    t − s < window) and padding at the end of a row (query/key lengths). What it cannot: several
+    packed documents in one row, so a batch holding any such row runs `blockwise_attention`
+    instead (chosen at run time; both are compiled). `implementation="xla"` runs the same calls
+    on any backend (tests).
     """
     lengths = jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
 
-    def fused(k, v, local_window):
+    def fused(local_window):
         return jax.nn.dot_product_attention(
             q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
             local_window_size=local_window, implementation=implementation).astype(jnp.float32)
 
     def blockwise():
-        return attend("blockwise", q, k, v, segment_ids, is_global, window, kv_global)
+        return attend("blockwise", q, k, v, segment_ids, is_global, window)
 
     # One document (ids ≤ 1) then padding (non-increasing ids) in every row: cuDNN's masks suffice.
     one_document = jnp.all(segment_ids <= 1) & jnp.all(segment_ids[:, 1:] <= segment_ids[:, :-1])
     branch = jnp.where(one_document, 1 + jnp.asarray(is_global, jnp.int32), 0)
-    return jax.lax.switch(branch, [blockwise,
-                                   lambda: fused(k, v, (window - 1, 0)),
-                                   lambda: fused(k[:, :, :kv_global], v[:, :, :kv_global], None)])
+    return jax.lax.switch(branch, [blockwise, lambda: fused((window - 1, 0)), lambda: fused(None)])
 
 
 class Attention(nn.Module):
@@ -164,6 +159,11 @@ class Attention(nn.Module):
         k = k.reshape(batch, seq, kv, h)
         v = matmul(x, wv, self.dtype).reshape(batch, seq, kv, h)
 
+        # Expand the stored KV heads to one per query head (GQA), per the layer's kind.
+        kv_index = kv_head_index(heads, kv, a.kv_heads_global, is_global)
+        k = jnp.take(k, kv_index, axis=2)
+        v = jnp.take(v, kv_index, axis=2)
+
         if a.qk_norm:
             q, k = rms_normalize(q, m.norm_eps), rms_normalize(k, m.norm_eps)
         q = q * a.qk_mult
@@ -174,10 +174,10 @@ class Attention(nn.Module):
         k = jnp.where(use_rope, apply_rope(k, positions, rotary_dims, a.rope_theta), k)
 
         q, k, v = (t.astype(self.dtype) for t in (q, k, v))
-        out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window, a.kv_heads_global)
+        out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window)
 
-        if a.xsa:  # each query head against the value vector it read (GQA)
-            out = exclude_self_value(out, jnp.take(v, kv_head_index(heads, kv, a.kv_heads_global, is_global), axis=2))
+        if a.xsa:
+            out = exclude_self_value(out, v)
         if a.output_gate:
             w_gate = self.param("gate", nn.initializers.zeros, (d, heads), jnp.float32)
             gate = 2.0 * jax.nn.sigmoid(matmul(x, w_gate, self.dtype, jnp.float32))
