@@ -15,6 +15,7 @@ from marin.config.schema import Config
 CHOICES = {
     "model.dispatch": ("sort", "ragged_dot", "dense"),
     "model.compute_dtype": ("float32", "bfloat16"),
+    "attention.impl": ("auto", "blockwise", "cudnn", "reference"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),
     "router.combine": ("sigmoid", "softmax"),
     "hardware.launcher": ("local", "slurm"),
@@ -109,6 +110,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if a.kv_heads_global > a.kv_heads_local:
         problems.append(("attention.kv_heads_global", f"must be ≤ attention.kv_heads_local "
                          f"({a.kv_heads_local}): global layers use the first stored KV heads; got {a.kv_heads_global}"))
+    if a.impl == "cudnn" and (hw.platform != "gpu" or m.compute_dtype != "bfloat16"):
+        problems.append(("attention.impl", "cudnn needs hardware.platform=gpu and model.compute_dtype=bfloat16 "
+                         f"(got {hw.platform}, {m.compute_dtype}); use auto, blockwise or reference"))
     if int(a.head_dim * a.rope_fraction) % 2:
         problems.append(("attention.rope_fraction", f"head_dim × rope_fraction must be even; got {a.head_dim} × {a.rope_fraction}"))
     if r.top_k > m.num_experts:
