@@ -30,6 +30,7 @@ class ModelConfig:
     capacity_factor: float = 1.25        # fixed per-expert capacity = cf · T·k/E
     dispatch: str = "sort"               # sort | ragged_dot | dense (reference paths)
     eval_dropless: bool = True           # evaluation runs without capacity drops
+    eval_dispatch: str = "waves"         # waves (training capacity, repeated; bounded memory) | unbounded (C = T)
     gated_norm_rank: int = 128           # GatedNorm bottleneck r; 0 turns GatedNorm off
     conv_kernel: int = 4                 # short causal depthwise convolutions; 0 turns them off
     norm_eps: float = 1e-5

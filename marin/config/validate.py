@@ -14,6 +14,7 @@ from marin.config.schema import Config
 
 CHOICES = {
     "model.dispatch": ("sort", "ragged_dot", "dense"),
+    "model.eval_dispatch": ("waves", "unbounded"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "attention.impl": ("auto", "blockwise", "cudnn", "reference"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),

@@ -8,6 +8,9 @@ map is a partial permutation), so the backward pass has no scatter-add either; s
 benchmarks/README.md (moe_layer.py) for why this formulation (1.5× a dense MLP on CPU, against
 2.4× for one-hot einsums and 17× for `ragged_dot`).
 
+Evaluation is dropless without an [E, T, ℓ] buffer: `wave_dispatch` reuses the training buffer for
+queue positions [0, C), [C, 2C), ... until every expert's queue is done (`model.eval_dispatch`).
+
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.
 """
@@ -81,23 +84,47 @@ class Slots(NamedTuple):
     counts: jax.Array               # [E] assignments per expert before dropping
 
 
-def assign_slots(expert_idx, num_experts: int, cap: int) -> Slots:
+class Queues(NamedTuple):
+    """The assignments in expert order: each expert's queue, first choices before second ones."""
+    order: jax.Array          # [T·k] assignment ids sorted (stably) by expert
+    sorted_expert: jax.Array  # [T·k] the expert of each sorted assignment
+    position: jax.Array       # [T·k] rank of each sorted assignment in its expert's queue
+    starts: jax.Array         # [E] where each expert's queue starts in `order`
+    counts: jax.Array         # [E] queue lengths (assignments per expert)
+
+
+def expert_queues(expert_idx, num_experts: int) -> Queues:
     """Stable sort of the assignments by expert; position within the expert = rank in the sort."""
-    tokens, k = expert_idx.shape
-    n = tokens * k
+    n = expert_idx.size
     flat_expert = expert_idx.T.reshape(-1)
-    order = jnp.argsort(flat_expert, stable=True)
+    order = jnp.argsort(flat_expert, stable=True).astype(jnp.int32)
     counts = jnp.zeros((num_experts,), jnp.int32).at[flat_expert].add(1)
     starts = jnp.cumsum(counts) - counts
     sorted_expert = flat_expert[order]
     position = jnp.arange(n, dtype=jnp.int32) - starts[sorted_expert]
-    slot_sorted = jnp.where(position < cap, sorted_expert * cap + position, num_experts * cap)
-    slot_of_assignment = jnp.zeros((n,), jnp.int32).at[order].set(slot_sorted, unique_indices=True)
-    # Row c of expert e holds the (starts[e] + c)-th assignment of the sort, if it has that many.
-    rank = starts[:, None] + jnp.arange(cap, dtype=jnp.int32)[None, :]
-    filled = jnp.arange(cap)[None, :] < counts[:, None]
-    assignment_of_slot = jnp.where(filled, order[jnp.minimum(rank, n - 1)], n).reshape(-1)
-    return Slots(slot_of_assignment.astype(jnp.int32), assignment_of_slot.astype(jnp.int32), counts)
+    return Queues(order, sorted_expert, position, starts, counts)
+
+
+def queue_slots(q: Queues, cap: int, first=0) -> Slots:
+    """Buffer rows for the queue positions [first, first + cap) of every expert (a "wave");
+    assignments outside that window get the out-of-range slot E·C (dropped, or left to another
+    wave). `first` may be traced."""
+    n, num_experts = q.order.shape[0], q.counts.shape[0]
+    pos = q.position - first
+    inside = (pos >= 0) & (pos < cap)
+    slot_sorted = jnp.where(inside, q.sorted_expert * cap + pos, num_experts * cap)
+    slot_of_assignment = jnp.zeros((n,), jnp.int32).at[q.order].set(slot_sorted, unique_indices=True)
+    # Row c of expert e holds the (starts[e] + first + c)-th assignment of the sort, if it has that many.
+    queue_pos = first + jnp.arange(cap, dtype=jnp.int32)[None, :]
+    rank = q.starts[:, None] + queue_pos
+    filled = queue_pos < q.counts[:, None]
+    assignment_of_slot = jnp.where(filled, q.order[jnp.minimum(rank, n - 1)], n).reshape(-1)
+    return Slots(slot_of_assignment.astype(jnp.int32), assignment_of_slot.astype(jnp.int32), q.counts)
+
+
+def assign_slots(expert_idx, num_experts: int, cap: int) -> Slots:
+    """Slots of the fixed-capacity dispatch: the first `cap` of each expert's queue."""
+    return queue_slots(expert_queues(expert_idx, num_experts), cap)
 
 
 def sort_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int, cap: int):
@@ -115,6 +142,41 @@ def sort_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int,
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     dropped = jnp.sum(jnp.maximum(s.counts - cap, 0))
     return y.astype(x.dtype), dropped
+
+
+def wave_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int, cap: int,
+                  wave_axes=()):
+    """Exact dropless dispatch in the training pass's memory: (y [T, ℓ], dropped = 0).
+
+    Wave w sends, for every expert, the assignments at queue positions [w·C, (w+1)·C) through the
+    same [E, C, ℓ] buffer and `expert_fn` (collectives included) as `sort_dispatch`; waves repeat
+    until the longest queue is done: ceil(max load / C) of them, maxed over `wave_axes` so every
+    device taking part in expert_fn's collectives runs the same number. Each assignment runs in
+    exactly one wave, so the result is the dropless one (C = T) up to fp32 summation order, while
+    memory stays one training-size buffer instead of E·T rows. Evaluation only: `lax.while_loop`
+    has no reverse-mode derivative.
+    """
+    tokens, k = expert_idx.shape
+    n = tokens * k
+    q = expert_queues(expert_idx, num_experts)
+    waves = (jnp.max(q.counts) + cap - 1) // cap
+    if wave_axes:
+        waves = jax.lax.pmax(waves, tuple(wave_axes))
+    wts = weights.T.astype(jnp.float32)[:, :, None]                        # [k, T, 1]
+
+    def wave(i, y):
+        s = queue_slots(q, cap, i * cap)
+        token_of_slot = jnp.where(s.assignment_of_slot < n, s.assignment_of_slot % tokens, tokens)
+        ye = expert_fn(_take(x, token_of_slot).reshape(num_experts, cap, -1)).reshape(num_experts * cap, -1)
+        # Assignments outside this wave read the zero row E·C: they add nothing. One [T, ℓ]
+        # gather per choice, fused into the accumulation (no [T·k, ℓ] buffer).
+        slot = s.slot_of_assignment.reshape(k, tokens)
+        for j in range(k):
+            y = y + wts[j] * _take(ye, slot[j]).astype(jnp.float32)
+        return y
+
+    y = jax.lax.fori_loop(jnp.int32(0), waves.astype(jnp.int32), wave, jnp.zeros_like(x, jnp.float32))
+    return y.astype(x.dtype), jnp.int32(0)
 
 
 def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
@@ -142,14 +204,17 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
 
 
 def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
-                   axis_names=(), expert_fn: Callable | None = None, num_experts: int | None = None):
+                   axis_names=(), expert_fn: Callable | None = None, num_experts: int | None = None,
+                   wave_axes=()):
     """Route, dispatch, run the experts and combine, on this device's tokens.
 
     x [T, ℓ] (latent, normalised), logits [T, E] fp32, bias [E]. Returns (y [T, ℓ], stats) with
     stats = {beta [E], load [E], dropped_frac [], aux_loss []}, reduced over `axis_names`.
-    Evaluation (train=False with model.eval_dropless) uses capacity C = T: nothing can drop.
-    Under expert parallelism `expert_fn` replaces the local experts (and `num_experts` gives the
-    global E, since `w` then holds only this device's experts).
+    Evaluation (train=False with model.eval_dropless) drops nothing: `model.eval_dispatch=waves`
+    runs the training capacity C in as many waves as the longest expert queue needs
+    (`wave_dispatch`), `unbounded` uses C = T in one pass. Under expert parallelism `expert_fn`
+    replaces the local experts (and `num_experts` gives the global E, since `w` then holds only
+    this device's experts), and `wave_axes` names the mesh axes its collectives span.
     """
     m = cfg.model
     tokens = x.shape[0]
@@ -158,9 +223,14 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names)
     dropped = jnp.int32(0)
     if m.dispatch == "sort" or expert_fn is not None:
-        dropless = not train and m.eval_dropless
-        cap = tokens if dropless else capacity(tokens, k, num_experts, m.capacity_factor)
-        y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn or partial(expert_swiglu, w=w), num_experts, cap)
+        expert_fn = expert_fn or partial(expert_swiglu, w=w)
+        cap = capacity(tokens, k, num_experts, m.capacity_factor)
+        if train or not m.eval_dropless:
+            y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn, num_experts, cap)
+        elif m.eval_dispatch == "waves":
+            y, dropped = wave_dispatch(x, expert_idx, weights, expert_fn, num_experts, cap, wave_axes)
+        else:   # "unbounded": C = T, an [E·T, ℓ] buffer (the reference for the waves)
+            y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn, num_experts, tokens)
     elif m.dispatch == "ragged_dot":
         y = ragged_dot_dispatch(x, expert_idx, weights, w)
     elif m.dispatch == "dense":

@@ -9,6 +9,8 @@ statistics (QB's quantile, load, dropped fraction) are reduced over the batch ax
 those of the global batch.
 
 The capacity is per device (C_local from the device's own T·k), as in the published run.
+Dropless evaluation repeats this round trip in waves (`dispatch.wave_dispatch`), the wave count
+maxed over `expert` so the all_to_alls of every device pair up.
 `jax.lax.ragged_all_to_all` would avoid sending padding rows, but XLA:CPU does not implement it;
 the fixed-size `all_to_all` runs on every backend.
 """
@@ -51,7 +53,8 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
     def local(x, logits, bias, gate, up, down):
         local_w = ExpertWeights(gate, up, down)
         return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes,
-                              expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts)
+                              expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
+                              wave_axes=(EXPERT_AXIS,))
 
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
     stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P()}

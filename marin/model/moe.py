@@ -6,7 +6,8 @@
     y      = routed + shared
 
 Matmuls run in `model.compute_dtype` on float32 master weights; the router, norm statistics and
-the combine are float32. With `train=False` and `model.eval_dropless` nothing is dropped. When
+the combine are float32. With `train=False` and `model.eval_dropless` nothing is dropped (in
+bounded memory: see `dispatch.wave_dispatch`). When
 the mesh's `expert` axis is larger than one the routed path runs expert-parallel
 (`expert_parallel.py`); otherwise plain `jit` sharding applies.
 """
