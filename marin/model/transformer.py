@@ -130,6 +130,7 @@ class Transformer(nn.Module):
     cfg: Config
     train: bool
     mesh: Any = None
+    hidden_only: bool = False  # return the final normed hidden state instead of logits (chunked loss)
 
     @nn.compact
     def __call__(self, inputs: jax.Array, segment_ids: jax.Array, router_bias: jax.Array):
@@ -149,6 +150,8 @@ class Transformer(nn.Module):
             x, (is_global, router_bias), segment_ids)
 
         x = norm_site(self.cfg, "final")(x)
+        if self.hidden_only:
+            return x, stats
         logits = gathered(Head, self.cfg, self.mesh)(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
         return logits, stats
 
@@ -178,6 +181,30 @@ def forward(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     return logits, {"router": stats}
 
 
+LOSS_CHUNK = 512  # positions per chunk of the loss: logits [B, 512, V] exist one chunk at a time
+
+
+def chunked_cross_entropy(hidden, kernel, targets, mask, dtype):
+    """(Σ masked cross-entropy, Σ masked logsumexp²) of logits = hidden · kernel, computed over
+    sequence chunks with each chunk rematerialised, so the float32 logits [B, T, V] (and their
+    gradient) never exist whole: at 128K vocabulary they would be the largest buffer of a step."""
+    B, T, d = hidden.shape
+    size = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
+    split = lambda x: jnp.moveaxis(x.reshape(B, T // size, size, *x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def chunk(carry, xs):
+        h, t, m = xs
+        logits = matmul(h, kernel, dtype, jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        return (carry[0] + jnp.sum((lse - target) * m), carry[1] + jnp.sum(jnp.square(lse) * m)), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (ce, lse_sq), _ = jax.lax.scan(chunk, (zero, zero), (split(hidden), split(targets), split(mask)))
+    return ce, lse_sq
+
+
 def load_spread(load: jax.Array) -> jax.Array:
     """Mean over layers of (max − min expert load) / mean expert load: 0 when perfectly balanced,
     E (the expert count) when one expert takes every assignment."""
@@ -190,15 +217,17 @@ def loss_fn(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     ce = mean next-token cross-entropy, z_loss = model.z_loss · mean(logsumexp²), and aux_loss is
     the MoE auxiliary loss summed over layers (zero except for the softmax_aux router).
     The metrics report each term as it enters the loss, so they add up to "loss"."""
-    logits, aux = forward(params, batch, router_bias, cfg, train=train, mesh=mesh)
-    stats = aux["router"]
+    hidden, stats = Transformer(cfg, train=train, mesh=mesh, hidden_only=True).apply(
+        {"params": params}, batch["inputs"], batch["segment_ids"], router_bias)
+    kernel = params["head"]["kernel"]
+    if mesh is not None and cfg.hardware.mesh.fsdp:  # FSDP: gathered where used, as in `gathered`
+        from jax.sharding import NamedSharding, PartitionSpec
+        kernel = jax.lax.with_sharding_constraint(kernel, NamedSharding(mesh, PartitionSpec()))
     mask = batch["loss_mask"].astype(jnp.float32)
     tokens = jnp.maximum(jnp.sum(mask), 1.0)
-
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
-    ce = jnp.sum((lse - target_logit) * mask) / tokens
-    z_loss = cfg.model.z_loss * jnp.sum(jnp.square(lse) * mask) / tokens
+    ce_sum, lse_sq_sum = chunked_cross_entropy(hidden, kernel, batch["targets"], mask, compute_dtype(cfg))
+    ce = ce_sum / tokens
+    z_loss = cfg.model.z_loss * lse_sq_sum / tokens
     aux_loss = jnp.sum(stats["aux_loss"])
     loss = ce + z_loss + aux_loss
 
