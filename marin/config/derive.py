@@ -1,7 +1,7 @@
 """Derived values: the only place where numbers are computed from the config.
 
 `resolve(cfg)` returns a copy of the composed config with every ``auto`` replaced by its value
-(head counts, KV heads, MoE widths, init std, qk_mult after context extensions, the
+(head counts, KV heads, MoE widths, init std, qk_mult after context extensions, the attention kernel, the
 data-parallel size, steps from the token budget, micro-batch, and the learning-rate / β2 / ε
 rule). Everything downstream reads the resolved config; the composed one (with its ``auto``
 leaves) is what a run saves for reproduction, so derived values are recomputed when a run is
@@ -28,6 +28,26 @@ def layer_is_global(num_layers: int, global_every: int, last_layer_global: bool)
     if last_layer_global and num_layers:
         pattern[-1] = True
     return pattern
+
+
+REMAT_MODES = ("none", "full", "dots")
+
+
+def remat_mode(remat) -> str:
+    """`model.remat` as one of REMAT_MODES (true and false are aliases of full and none)."""
+    if isinstance(remat, bool):
+        return "full" if remat else "none"
+    return remat
+
+
+def attention_impl(cfg: Config) -> str:
+    """`attention.impl`; ``auto`` = cuDNN's fused kernel on GPUs when the compute dtype is 16-bit
+    (cuDNN has no float32 flash attention), else the blockwise kernel (any backend)."""
+    impl = cfg.attention.impl
+    if not is_auto(impl):
+        return impl
+    gpu_kernel = cfg.hardware.platform == "gpu" and cfg.model.compute_dtype == "bfloat16"
+    return "cudnn" if gpu_kernel else "blockwise"
 
 
 def devices_per_process(hw: HardwareConfig) -> int:
@@ -114,6 +134,7 @@ def resolve(cfg: Config) -> Config:
         a.qk_mult = qk_mult_through(a.qk_mult_base, stage_seq_lens(cfg))
     if is_auto(a.qk_norm_eps):
         a.qk_norm_eps = m.norm_eps
+    a.impl = attention_impl(cfg)
 
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model

@@ -19,6 +19,7 @@ CHOICES = {
     "model.eval_dispatch": ("waves", "unbounded"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "model.router_dtype": ("float32", "bfloat16"),
+    "attention.impl": ("auto", "blockwise", "cudnn", "reference"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),
     "router.combine": ("sigmoid", "softmax"),
     "data.sampling": ("epoch", "random"),
@@ -98,6 +99,12 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
         eps = _get(cfg, name)
         if not derive.is_auto(eps) and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             problems.append((name, f"must be a finite number > 0{' or auto' if name.startswith('attention') else ''}; got {eps!r}"))
+    if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
+        problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
+                         f"false = none); got {cfg.model.remat!r}"))
+    elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
+        problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
+                         "full or dots; got model.remat none"))
     if cfg.model.capacity_factor <= 0:
         problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
@@ -126,6 +133,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if a.kv_heads_global > a.kv_heads_local:
         problems.append(("attention.kv_heads_global", f"must be ≤ attention.kv_heads_local "
                          f"({a.kv_heads_local}): global layers use the first stored KV heads; got {a.kv_heads_global}"))
+    if a.impl == "cudnn" and (hw.platform != "gpu" or m.compute_dtype != "bfloat16"):
+        problems.append(("attention.impl", "cudnn needs hardware.platform=gpu and model.compute_dtype=bfloat16 "
+                         f"(got {hw.platform}, {m.compute_dtype}); use auto, blockwise or reference"))
     if int(a.head_dim * a.rope_fraction) % 2:
         problems.append(("attention.rope_fraction", f"head_dim × rope_fraction must be even; got {a.head_dim} × {a.rope_fraction}"))
     if r.top_k > m.num_experts:

@@ -75,6 +75,11 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
             composed, resolved = load(cfg)
     except ConfigError as err:
         fail("invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+    if resolved.dry_run == "compile":  # compile the real steps for one replica (marin/launch/compile_plan.py)
+        from marin.launch.compile_plan import run as compile_run
+
+        compile_run(resolved)
+        return
     if resolved.dry_run:
         from marin.launch.plan import print_plan
 

@@ -13,6 +13,10 @@ Both: documents never see each other and nothing attends to padding (segment 0);
 RMS-normalised per head without a gain, queries × qk_mult, then the usual 1/√h softmax scale;
 exclusive self-attention (XSA) removes from each head's output its component along the
 position's own value vector; a per-head output gate 2·sigmoid(x·W_gate) starts at 1.
+
+The masked softmax itself runs in the kernel `attention.impl` names (`attend`): `reference` forms
+the whole [B, H, T, T] score matrix (tests); `blockwise` (`blockwise_attention.py`) never does, and
+local layers visit only the key blocks inside their window; `cudnn` is cuDNN's fused kernel (GPU).
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from marin.config import derive
 from marin.config.schema import Config
+from marin.model.blockwise_attention import blockwise_attention
 from marin.model.conv import causal_conv, identity_kernel_init
 from marin.model.norms import matmul, matrix_init, rms_normalize
 
@@ -76,6 +82,58 @@ def exclude_self_value(out: jax.Array, v_self: jax.Array) -> jax.Array:
     return out - coeff * v_self
 
 
+def attention_impl(cfg: Config) -> str:
+    """The kernel to run: `attention.impl`, with ``auto`` resolved by `derive.attention_impl`
+    (a config built in code may skip `derive.resolve`)."""
+    return derive.attention_impl(cfg)
+
+
+def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
+           is_global: jax.Array, window: int) -> jax.Array:
+    """Masked softmax attention, [B, T, H, h] float32, of q, k, v [B, T, H, h] (K/V one per query
+    head); every kernel applies `attention_mask`'s rule and the 1/√h scale."""
+    if impl == "cudnn":
+        return cudnn_attention(q, k, v, segment_ids, is_global, window)
+    if impl == "blockwise":
+        return blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
+    if impl == "reference":
+        return reference_attention(q, k, v, segment_ids, is_global, window)
+    raise ValueError(f"attention.impl: must be one of auto, blockwise, cudnn, reference; got {impl!r}")
+
+
+def reference_attention(q, k, v, segment_ids, is_global, window) -> jax.Array:
+    """The plain formula on the whole [B, H, T, T] score matrix (tests, short sequences)."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    mask = attention_mask(segment_ids, is_global, window)[:, None]  # broadcast over heads
+    probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+
+
+def cudnn_attention(q, k, v, segment_ids, is_global, window, implementation="cudnn") -> jax.Array:
+    """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (16-bit dtypes, GPU).
+
+    What it can express: causal, the sliding window (local_window_size=(window − 1, 0), i.e.
+    t − s < window) and padding at the end of a row (query/key lengths). What it cannot: several
+    packed documents in one row, so a batch holding any such row runs `blockwise_attention`
+    instead (chosen at run time; both are compiled). `implementation="xla"` runs the same calls
+    on any backend (tests).
+    """
+    lengths = jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
+
+    def fused(local_window):
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+            local_window_size=local_window, implementation=implementation).astype(jnp.float32)
+
+    def blockwise():
+        return attend("blockwise", q, k, v, segment_ids, is_global, window)
+
+    # One document (ids ≤ 1) then padding (non-increasing ids) in every row: cuDNN's masks suffice.
+    one_document = jnp.all(segment_ids <= 1) & jnp.all(segment_ids[:, 1:] <= segment_ids[:, :-1])
+    branch = jnp.where(one_document, 1 + jnp.asarray(is_global, jnp.int32), 0)
+    return jax.lax.switch(branch, [blockwise, lambda: fused((window - 1, 0)), lambda: fused(None)])
+
+
 class Attention(nn.Module):
     """Params: wq [d, H·h], wk/wv [d, KV·h] (KV = kv_heads_local), wo [H·h, d],
     gate [d, H] (zero init; if output_gate), conv_k [K, KV·h] (identity init; if conv_k and K > 0)."""
@@ -115,13 +173,8 @@ class Attention(nn.Module):
         q = jnp.where(use_rope, apply_rope(q, positions, rotary_dims, a.rope_theta), q)
         k = jnp.where(use_rope, apply_rope(k, positions, rotary_dims, a.rope_theta), k)
 
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(self.dtype), k.astype(self.dtype),
-                            preferred_element_type=jnp.float32) / math.sqrt(h)
-        mask = attention_mask(segment_ids, is_global, a.window)[:, None]  # broadcast over heads
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v.astype(self.dtype),
-                         preferred_element_type=jnp.float32)
+        q, k, v = (t.astype(self.dtype) for t in (q, k, v))
+        out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window)
 
         if a.xsa:
             out = exclude_self_value(out, v)

@@ -20,8 +20,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from marin.config.derive import layer_is_global
+from marin.config.derive import layer_is_global, remat_mode
 from marin.config.schema import Config
 from marin.model.attention import Attention
 from marin.model.conv import CausalConv
@@ -30,6 +31,32 @@ from marin.model.norms import GatedNorm, RMSNorm, matmul, matrix_init
 
 # Sequence length of the dummy batch that traces the parameters (their shapes do not depend on it).
 INIT_SEQ_LEN = 8
+# Name of each layer's input (the residual carry) for remat policies: `model.offload_carry`
+# stages exactly this tensor in pinned host memory between the forward and backward pass.
+CARRY = "carry"
+# Routed expert weights [E, ...] per layer: expert-parallel, never gathered (marin/train/state.py).
+EXPERT_LEAVES = ("w_gate", "w_up", "w_down")
+
+
+def gathered(module, cfg: Config, mesh):
+    """`module` whose weights are all-gathered where they are used (FSDP, `hardware.mesh.fsdp`).
+
+    The state keeps each weight sharded inside the replica; an explicit constraint to
+    replicated at its use makes XLA all-gather one layer at a time (inside the layer scan and,
+    with remat, again in the backward pass) and reduce-scatter the gradient, instead of letting
+    the partitioner split the matmuls over the batch's own axes. Expert weights stay split."""
+    if mesh is None or not cfg.hardware.mesh.fsdp:
+        return module
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def gather(path, x):
+        names = {getattr(k, "key", None) for k in path}
+        return x if names & set(EXPERT_LEAVES) else jax.lax.with_sharding_constraint(x, replicated)
+
+    return nn.map_variables(module, "params", trans_in_fn=lambda v: jax.tree_util.tree_map_with_path(gather, v),
+                            init=False)
 
 
 def compute_dtype(cfg: Config) -> jnp.dtype:
@@ -54,6 +81,7 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array, layer_inputs: tuple[jax.Array, jax.Array], segment_ids: jax.Array):
         is_global, router_bias = layer_inputs
         taps = self.cfg.model.conv_kernel
+        x = checkpoint_name(x, CARRY)
 
         h = norm_site(self.cfg, "attn")(x)
         h = Attention(self.cfg, compute_dtype(self.cfg), name="attn")(h, segment_ids, is_global)
@@ -63,6 +91,27 @@ class Block(nn.Module):
         h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh)
         x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(jnp.float32)
         return x, stats
+
+
+def remat_policy(cfg: Config):
+    """What a rematerialised block keeps for the backward pass (`model.remat`, `model.offload_carry`):
+
+    full  nothing but the block's input (the carry): the whole block is recomputed;
+    dots  also the outputs of matmuls without batch dims (projections; not attention scores);
+    offload_carry  the carry goes to pinned host memory instead of staying on the device.
+    """
+    cp = jax.checkpoint_policies
+    keep = cp.dots_with_no_batch_dims_saveable if remat_mode(cfg.model.remat) == "dots" else cp.nothing_saveable
+    if not cfg.model.offload_carry:
+        return keep
+    offload = cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=[CARRY],
+        offload_src="device", offload_dst="pinned_host")
+
+    def policy(prim, *args, **params):  # the carry is offloaded; the rest as `keep` says
+        decision = offload(prim, *args, **params)  # Offloadable (a NamedTuple) for the carry only
+        return decision if isinstance(decision, tuple) else keep(prim, *args, **params)
+    return policy
 
 
 class Head(nn.Module):
@@ -81,14 +130,19 @@ class Transformer(nn.Module):
     cfg: Config
     train: bool
     mesh: Any = None
+    hidden_only: bool = False  # return the final normed hidden state instead of logits (chunked loss)
 
     @nn.compact
     def __call__(self, inputs: jax.Array, segment_ids: jax.Array, router_bias: jax.Array):
         m, a = self.cfg.model, self.cfg.attention
-        x = nn.Embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
+        embed = gathered(nn.Embed, self.cfg, self.mesh)
+        x = embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
         x = norm_site(self.cfg, "embed")(x)
 
-        block = nn.remat(Block, prevent_cse=False) if m.remat else Block
+        mode = remat_mode(m.remat)
+        block = gathered(Block, self.cfg, self.mesh)
+        if mode != "none":
+            block = nn.remat(block, prevent_cse=False, policy=remat_policy(self.cfg))
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast), length=m.num_layers)
         is_global = jnp.array(layer_is_global(m.num_layers, a.global_every, a.last_layer_global))
@@ -96,7 +150,9 @@ class Transformer(nn.Module):
             x, (is_global, router_bias), segment_ids)
 
         x = norm_site(self.cfg, "final")(x)
-        logits = Head(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
+        if self.hidden_only:
+            return x, stats
+        logits = gathered(Head, self.cfg, self.mesh)(m.vocab_size, m.init_std, compute_dtype(self.cfg), name="head")(x)
         return logits, stats
 
 
@@ -125,6 +181,30 @@ def forward(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     return logits, {"router": stats}
 
 
+LOSS_CHUNK = 512  # positions per chunk of the loss: logits [B, 512, V] exist one chunk at a time
+
+
+def chunked_cross_entropy(hidden, kernel, targets, mask, dtype):
+    """(Σ masked cross-entropy, Σ masked logsumexp²) of logits = hidden · kernel, computed over
+    sequence chunks with each chunk rematerialised, so the float32 logits [B, T, V] (and their
+    gradient) never exist whole: at 128K vocabulary they would be the largest buffer of a step."""
+    B, T, d = hidden.shape
+    size = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
+    split = lambda x: jnp.moveaxis(x.reshape(B, T // size, size, *x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def chunk(carry, xs):
+        h, t, m = xs
+        logits = matmul(h, kernel, dtype, jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        return (carry[0] + jnp.sum((lse - target) * m), carry[1] + jnp.sum(jnp.square(lse) * m)), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (ce, lse_sq), _ = jax.lax.scan(chunk, (zero, zero), (split(hidden), split(targets), split(mask)))
+    return ce, lse_sq
+
+
 def load_spread(load: jax.Array) -> jax.Array:
     """Mean over layers of (max − min expert load) / mean expert load: 0 when perfectly balanced,
     E (the expert count) when one expert takes every assignment."""
@@ -137,15 +217,17 @@ def loss_fn(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     ce = mean next-token cross-entropy, z_loss = model.z_loss · mean(logsumexp²), and aux_loss is
     the MoE auxiliary loss summed over layers (zero except for the softmax_aux router).
     The metrics report each term as it enters the loss, so they add up to "loss"."""
-    logits, aux = forward(params, batch, router_bias, cfg, train=train, mesh=mesh)
-    stats = aux["router"]
+    hidden, stats = Transformer(cfg, train=train, mesh=mesh, hidden_only=True).apply(
+        {"params": params}, batch["inputs"], batch["segment_ids"], router_bias)
+    kernel = params["head"]["kernel"]
+    if mesh is not None and cfg.hardware.mesh.fsdp:  # FSDP: gathered where used, as in `gathered`
+        from jax.sharding import NamedSharding, PartitionSpec
+        kernel = jax.lax.with_sharding_constraint(kernel, NamedSharding(mesh, PartitionSpec()))
     mask = batch["loss_mask"].astype(jnp.float32)
     tokens = jnp.maximum(jnp.sum(mask), 1.0)
-
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
-    ce = jnp.sum((lse - target_logit) * mask) / tokens
-    z_loss = cfg.model.z_loss * jnp.sum(jnp.square(lse) * mask) / tokens
+    ce_sum, lse_sq_sum = chunked_cross_entropy(hidden, kernel, batch["targets"], mask, compute_dtype(cfg))
+    ce = ce_sum / tokens
+    z_loss = cfg.model.z_loss * lse_sq_sum / tokens
     aux_loss = jnp.sum(stats["aux_loss"])
     loss = ce + z_loss + aux_loss
 

@@ -49,7 +49,8 @@ def test_hero_recipe_and_layout():
     assert (m.d_model, m.num_layers, a.num_heads, a.head_dim) == (6144, 48, 48, 128)
     assert (a.kv_heads_local, a.kv_heads_global, a.window) == (12, 6, 2048)
     assert (m.num_experts, cfg.router.top_k, cfg.router.kind, m.latent_dim, m.expert_width) == (384, 8, "qb", 3072, 3072)
-    assert (cfg.optim.name, m.remat, m.compute_dtype) == ("muonh", True, "bfloat16")
+    assert (cfg.optim.name, m.remat, m.compute_dtype) == ("muonh", "full", "bfloat16")
+    assert (m.offload_carry, cfg.optim.offload, cfg.hardware.mesh.fsdp) == (True, True, True)  # the layout that fits
     mesh = cfg.hardware.mesh
     assert (mesh.replica_dcn, mesh.data, mesh.expert, mesh.model) == (11, 1, 64, 1)
     assert cfg.train.checkpoint.permanent_every == 6000
