@@ -23,8 +23,10 @@ def plan(cfg: Config) -> dict:
     s = accounting.Shapes.of(cfg)
     t, hw, o = cfg.train, cfg.hardware, cfg.optim
     tokens_per_step = t.seq_len * t.global_batch
-    tokens = t.steps * tokens_per_step
-    train_flops = accounting.train_flops(cfg)
+    first, last = derive.stage_steps(cfg)  # a context-extension stage trains only its own part
+    steps = last - first
+    tokens = steps * tokens_per_step
+    train_flops = accounting.train_flops(cfg, steps=steps)
     devices = derive.device_count(hw)
     memory = accounting.memory_per_device(cfg)
     out = {
@@ -44,8 +46,9 @@ def plan(cfg: Config) -> dict:
         "flops_per_token": accounting.flops_per_token(cfg),
         "flops_per_token_no_head": accounting.flops_per_token(cfg, with_head=False),
         "train_flops": float(train_flops),
-        "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False)),
-        "steps": t.steps,
+        "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False, steps=steps)),
+        "steps": steps,
+        "run_steps": t.steps,
         "tokens": tokens,
         "seq_len": t.seq_len,
         "global_batch": t.global_batch,
@@ -67,7 +70,8 @@ def plan(cfg: Config) -> dict:
         "memory_parts_gib": {k: v for k, v in memory.items() if k != "total"},
     }
     if t.init_from is not None or t.init_seq_len is not None:
-        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg)}
+        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg),
+                       "first_step": first, "last_step": last}
     if hw.peak_flops_per_device > 0:
         out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
     if hw.launcher == "slurm":
@@ -145,7 +149,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         sections.append(("context extension", [
             ("init from", str(p["init"]["from"])),
             ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
-            ("note", "run totals above assume this seq_len from step 0; the stage resumes mid-run"),
+            ("stage steps", f"{p['init']['first_step']:,} → {p['init']['last_step']:,} of the run's "
+                            f"{p['run_steps']:,} (steps, tokens and FLOPs above are the stage's)"),
         ]))
     if p.get("data"):
         most = sorted(p["data"].items(), key=lambda kv: (-max(kv[1], default=0.0), kv[0]))

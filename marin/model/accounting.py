@@ -143,9 +143,11 @@ def flops_per_token(cfg: Config, with_head: bool = True) -> int:
     return forward_flops_per_token(Shapes.of(cfg), cfg.train.seq_len, cfg.attention.window, with_head)
 
 
-def train_flops(cfg: Config, with_head: bool = True) -> int:
-    """Spec §1b: 3 × forward FLOPs per token × the run's tokens (steps × seq_len × global batch)."""
-    return 3 * flops_per_token(cfg, with_head) * cfg.train.steps * cfg.train.seq_len * cfg.train.global_batch
+def train_flops(cfg: Config, with_head: bool = True, steps: int | None = None) -> int:
+    """Spec §1b: 3 × forward FLOPs per token × the run's tokens (steps × seq_len × global batch);
+    `steps` = those this run trains (a stage's own), default train.steps."""
+    steps = cfg.train.steps if steps is None else steps
+    return 3 * flops_per_token(cfg, with_head) * steps * cfg.train.seq_len * cfg.train.global_batch
 
 
 # --- Every parameter leaf, with its optimizer group and sharding (for the memory plan) ---
