@@ -98,6 +98,8 @@ class MarinLauncher(Launcher):
                 continue
             if (problem := check_gpu_install(resolved.hardware)) is not None:
                 problems.append(f"  job #{idx}: {problem}")
+            if (problem := slurm.memory_problem(resolved)) is not None:
+                problems.append(f"  job #{idx}: {problem}")
             loaded.append((idx, overrides, sweep_config, composed, resolved))
         if problems:
             fail("invalid multirun: nothing was created or submitted\n" + "\n".join(problems))

@@ -9,6 +9,7 @@ about a second.
 from __future__ import annotations
 
 import json
+import sys
 
 from marin.config import derive
 from marin.config.schema import Config
@@ -68,6 +69,8 @@ def plan(cfg: Config) -> dict:
         "remat": cfg.model.remat,
         "memory_per_device_gib": memory["total"],
         "memory_parts_gib": {k: v for k, v in memory.items() if k != "total"},
+        "memory_limit_gib": derive.memory_limit_gib(hw),
+        "fits": fits(cfg, memory["total"]),
     }
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg),
@@ -81,6 +84,25 @@ def plan(cfg: Config) -> dict:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
     return out
+
+
+def fits(cfg: Config, estimate_gib: float) -> bool | None:
+    """Whether the estimate is within derive.memory_limit_gib; None where the hardware has no figure."""
+    limit = derive.memory_limit_gib(cfg.hardware)
+    return None if limit is None else estimate_gib <= limit
+
+
+def over_memory(cfg: Config) -> str | None:
+    """One line with the figures when the run's memory estimate exceeds the device's usable
+    memory (None when it fits or the hardware has no figure)."""
+    hw = cfg.hardware
+    estimate = accounting.memory_per_device(cfg)["total"]
+    if fits(cfg, estimate) is not False:
+        return None
+    return (f"memory: the estimate is {estimate:.1f} GiB per device, over the {derive.memory_limit_gib(hw):.1f} GiB "
+            f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
+            f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
+            f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
 
 
 def submission(cfg: Config) -> dict:
@@ -142,7 +164,9 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         ("layout", [
             ("hardware", p["hardware"]),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
-            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {'on' if p['remat'] else 'off'}; estimate)"),
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate)"
+                                + ("" if p["fits"] is None else
+                                   f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]),
     ]
     if "init" in p:
@@ -178,6 +202,8 @@ def print_plan(cfg: Config, as_json: bool = False) -> None:
         print(json.dumps(p, indent=2))
         return
     print(format_plan(p))
+    if (warning := over_memory(cfg)) is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if "submission" in p:
         from marin.launch.slurm import describe  # the launcher's own summary of the request
 
