@@ -68,7 +68,8 @@ def plan(cfg: Config) -> dict:
         "devices": devices,
         "remat": cfg.model.remat,
         "memory_per_device_gib": memory["total"],
-        "memory_parts_gib": {k: v for k, v in memory.items() if k != "total"},
+        "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host")},
+        "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
         "memory_limit_gib": derive.memory_limit_gib(hw),
         "fits": fits(cfg, memory["total"]),
     }
@@ -167,7 +168,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate)"
                                 + ("" if p["fits"] is None else
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
-        ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]),
+        ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
+          + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)")] if p["memory_host_gib"] else [])),
     ]
     if "init" in p:
         sections.append(("context extension", [
