@@ -68,7 +68,8 @@ def plan(cfg: Config) -> dict:
         "devices": devices,
         "remat": cfg.model.remat,
         "memory_per_device_gib": memory["total"],
-        "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host")},
+        "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
+        "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
         "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
         "memory_limit_gib": derive.memory_limit_gib(hw),
         "fits": fits(cfg, memory["total"]),
@@ -165,7 +166,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         ("layout", [
             ("hardware", p["hardware"]),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
-            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate)"
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate, "
+                                f"peak in the {p['memory_peak_phase']} phase)"
                                 + ("" if p["fits"] is None else
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]

@@ -236,6 +236,7 @@ ATTN_SCORE_COPIES = 4.5       # calibrated: reference attention's [B,H,T,T] fp32
 LAYER_WORK_COPIES = 3.0       # calibrated: one layer's intermediates, their cotangents and recompute
 NS_COPIES = 3.0               # calibrated: MuonH Newton–Schulz temporaries per matrix (fp32)
 BLOCK = 512                   # query/key block of blockwise attention (its temporaries)
+PHASES = ("loss", "backward", "update")
 
 
 def optimizer_moments(leaf: Leaf, optimizer: str) -> int:
@@ -341,7 +342,7 @@ def _state_bytes(cfg: Config) -> tuple[float, float, float]:
 def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str, float]:
     """GiB per device of a resolved config's train step, by part, with their total ("total");
     "host" is what optim.offload / model.offload_carry keep in pinned host memory instead (not
-    in the total). Tensor parallelism (mesh.model) is not counted."""
+    in the total); "peak_phase" indexes PHASES. Tensor parallelism (mesh.model) is not counted."""
     s = Shapes.of(cfg)
     t, m = cfg.train, cfg.model
     mode = remat_mode(m.remat if remat is None else remat)
@@ -371,21 +372,23 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     if m.offload_carry and mode != "none":
         host += tokens * s.L * carry
         saved -= (s.L - 2) * carry                                # two carries in flight
+    activations = tokens * saved
+    if mode == "none":  # every layer keeps its attention arrays too
+        activations += s.L * attention_bytes(cfg, micro)
     layer_work = tokens * LAYER_WORK_COPIES * per_layer + attention_bytes(cfg, micro)
-    logits = tokens * s.V * FP32 * LOGIT_COPIES
-    update = (moments if offload else 0.0) + NS_COPIES * ns      # activations are gone by then
     if offload:
         host += moments
-    activations = tokens * saved
-    parts = {
-        "params": params,
-        "optimizer": 0.0 if offload else moments,
-        "gradients": grads,
-        "activations": activations,
-        "working": max(logits, layer_work, update - activations),  # the largest phase's transients
-        "batch": batch,
+    # Each phase's transients: (activations, gradients, working); the largest one is the peak.
+    phases = {
+        "loss": (activations, grads - params if n_micro > 1 else 0.0, tokens * s.V * FP32 * LOGIT_COPIES),
+        "backward": (activations, grads, layer_work),
+        "update": (0.0, grads, (moments if offload else 0.0) + NS_COPIES * ns),
     }
+    peak = max(phases, key=lambda name: sum(phases[name]))
+    parts = {"params": params, "optimizer": 0.0 if offload else moments, "batch": batch,
+             **dict(zip(("activations", "gradients", "working"), phases[peak]))}
     gib = {name: value / GIB for name, value in parts.items()}
     gib["total"] = sum(gib.values())
     gib["host"] = host / GIB
+    gib["peak_phase"] = list(phases).index(peak)  # 0 loss, 1 backward, 2 update (PHASES)
     return gib

@@ -141,13 +141,14 @@ def test_memory_scales_with_the_rack_not_the_racks():
 
 
 def test_activations_follow_remat_attention_and_the_micro_batch():
-    cfg = planned(RUNG)
+    small_vocab = "model.vocab_size=1024"  # so that a layer's backward, not the logits, is the largest phase
+    cfg = planned(RUNG, small_vocab)
     remat = accounting.memory_per_device(cfg)
+    assert accounting.PHASES[remat["peak_phase"]] == "backward"
     assert cfg.model.remat and accounting.memory_per_device(cfg, remat=False)["activations"] > remat["activations"]
-    half = accounting.memory_per_device(planned(RUNG, "train.micro_batch=8"))
+    half = accounting.memory_per_device(planned(RUNG, small_vocab, "train.micro_batch=8"))
     assert half["activations"] == pytest.approx(remat["activations"] / 2)
     assert half["gradients"] == pytest.approx(2 * remat["gradients"])  # the accumulator
-    small_vocab = "model.vocab_size=1024"  # so that a layer's backward, not the logits, is the largest phase
     blockwise = accounting.memory_per_device(planned(RUNG, small_vocab, "attention.impl=blockwise"))
     reference = accounting.memory_per_device(planned(RUNG, small_vocab, "attention.impl=reference"))
     scores = 16 * cfg.attention.num_heads * 4096 ** 2 * 4 / 2**30  # one [B, H, T, T] fp32 array
