@@ -70,9 +70,10 @@ def plan(cfg: Config) -> dict:
         "memory_per_device_gib": memory["total"],
         "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
         "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
+        "memory_eval_per_device_gib": accounting.eval_memory_per_device(cfg),
         "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
         "memory_limit_gib": derive.memory_limit_gib(hw),
-        "fits": fits(cfg, memory["total"]),
+        "fits": fits(cfg, device_peak(cfg)),
     }
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg),
@@ -94,14 +95,21 @@ def fits(cfg: Config, estimate_gib: float) -> bool | None:
     return None if limit is None else estimate_gib <= limit
 
 
+def device_peak(cfg: Config) -> float:
+    """The larger of the train step's and the eval step's estimates (GiB per device)."""
+    return max(accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg))
+
+
 def over_memory(cfg: Config) -> str | None:
     """One line with the figures when the run's memory estimate exceeds the device's usable
     memory (None when it fits or the hardware has no figure)."""
     hw = cfg.hardware
-    estimate = accounting.memory_per_device(cfg)["total"]
+    train, evaluation = accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg)
+    estimate = max(train, evaluation)
     if fits(cfg, estimate) is not False:
         return None
-    return (f"memory: the estimate is {estimate:.1f} GiB per device, over the {derive.memory_limit_gib(hw):.1f} GiB "
+    step = "train" if train >= evaluation else "eval"
+    return (f"memory: the estimate is {estimate:.1f} GiB per device ({step} step), over the {derive.memory_limit_gib(hw):.1f} GiB "
             f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
             f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
             f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
@@ -171,6 +179,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                                 + ("" if p["fits"] is None else
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
+          + [("eval step / device", f"{p['memory_eval_per_device_gib']:.1f} GiB  (estimate)")]
           + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)")] if p["memory_host_gib"] else [])),
     ]
     if "init" in p:

@@ -392,3 +392,26 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     gib["host"] = host / GIB
     gib["peak_phase"] = list(phases).index(peak)  # 0 loss, 1 backward, 2 update (PHASES)
     return gib
+
+
+def eval_memory_per_device(cfg: Config) -> float:
+    """GiB per device of the eval step: the state it is passed (the optimizer state too unless
+    offloaded), the per-device batch in one forward pass (no micro-batches, nothing saved for a
+    backward pass): the larger of the logits and one layer's intermediates. Dropless evaluation
+    sizes the dispatch buffers by `model.eval_dispatch` (where the schema has it): `waves`
+    reuses the training capacity, `unbounded` (today's code without it) gives every expert
+    room for all T tokens."""
+    s = Shapes.of(cfg)
+    t, m = cfg.train, cfg.model
+    from marin.config.derive import batch_shards  # local: derive imports this module
+
+    per_device = t.global_batch // batch_shards(cfg.hardware)
+    tokens = per_device * t.seq_len
+    unbounded = m.eval_dropless and getattr(m, "eval_dispatch", "unbounded") == "unbounded"
+    cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
+    per_layer = sum(layer_activations_per_token(s, s.E * cap / tokens, attention_impl(cfg)).values())
+    params, moments, _ = _state_bytes(cfg)
+    layer = tokens * per_layer * DTYPE_BYTES[m.compute_dtype] + attention_bytes(cfg, per_device)
+    logits = tokens * s.V * FP32
+    state = params + (0.0 if cfg.optim.offload else moments)
+    return (state + 16 * tokens + max(layer, logits)) / GIB

@@ -16,14 +16,15 @@ def test_plan_has_the_limit_and_whether_the_run_fits():
     cfg = make_config(RUNG, "dry_run=true")
     p = plan_module.plan(cfg)
     assert p["memory_limit_gib"] == pytest.approx(cfg.hardware.memory_per_device_gib * cfg.hardware.memory_usable_fraction)
-    assert p["fits"] is (p["memory_per_device_gib"] <= p["memory_limit_gib"])
+    peak = max(p["memory_per_device_gib"], p["memory_eval_per_device_gib"])  # the train or the eval step
+    assert p["fits"] is (peak <= p["memory_limit_gib"])
     local = plan_module.plan(make_config("model=tiny"))
     assert local["memory_limit_gib"] is None and local["fits"] is None  # CPU: no figure, no verdict
 
 
 def half_the_estimate(*overrides: str) -> str:
     """A device memory override half of this config's estimate (so it cannot fit)."""
-    estimate = accounting.memory_per_device(make_config(*overrides, "dry_run=true"))["total"]
+    estimate = plan_module.device_peak(make_config(*overrides, "dry_run=true"))
     return f"hardware.memory_per_device_gib={estimate / 2:.3f}"
 
 
@@ -70,7 +71,7 @@ def test_slurm_submission_over_memory_is_refused_and_writes_nothing(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: memory: the estimate is")
     resolved = make_config(*SUBMIT, small)
-    estimate = accounting.memory_per_device(resolved)["total"]
+    estimate = plan_module.device_peak(resolved)
     assert f"{estimate:.1f} GiB" in err[0] and f"{derive.memory_limit_gib(resolved.hardware):.1f} GiB" in err[0]
     assert calls == [] and not out_dir.exists() and not db.exists()
 
@@ -81,3 +82,16 @@ def test_allow_over_memory_submits_anyway(tmp_path, no_slurm):
     with pytest.raises(stop):
         dispatch(cfg)
     assert calls == ["record"]  # past the check: the record would be created, then submitted
+
+
+def test_eval_step_estimate_follows_its_dispatch_buffers():
+    """Dropless evaluation without a bound gives every expert room for all T tokens; with drops
+    allowed the training capacity applies: the estimate differs by at least those buffers."""
+    small_vocab = "model.vocab_size=1024"  # a layer's buffers, not the logits, are the largest
+    dropless = make_config(RUNG, small_vocab, "dry_run=true")
+    capped = make_config(RUNG, small_vocab, "model.eval_dropless=false", "dry_run=true")
+    s = accounting.Shapes.of(dropless)
+    tokens = 16 * 4096  # per-device batch of the rung: 1,024 sequences over 64 devices
+    rows = s.E * (tokens - accounting.capacity(tokens, s.k, s.E, dropless.model.capacity_factor))
+    buffers = rows * (2 * s.latent + 3 * s.I) * 2 / 2**30  # send/recv, gate, up, product in bf16
+    assert accounting.eval_memory_per_device(dropless) - accounting.eval_memory_per_device(capped) >= buffers * 0.99
