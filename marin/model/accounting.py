@@ -231,8 +231,14 @@ GIB = 2 ** 30
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FSDP_MIN_SIZE = 2 ** 14       # as marin/train/state.py: smaller leaves stay replicated
+# Calibrated on ladder_d768 variants compiled on 64 forced host devices (reference attention,
+# replicated non-expert state): full vocabulary 71.1 GiB compiled / 67.7 estimated; vocabulary
+# 1,024 at T 4,096: 28.8 / 29.9; at T 512 (same tokens): 17.7 / 17.1; remat none: 264 / 267.
+# Not yet calibrated: FSDP, offload, blockwise attention, micro-batch scans (4 micro-batches:
+# 15.4 compiled / 19.6 estimated), the update phase (NS_COPIES).
 LOGIT_COPIES = 2.0            # calibrated: fp32 logits and their gradient live together
-ATTN_SCORE_COPIES = 4.5       # calibrated: reference attention's [B,H,T,T] fp32 arrays in one layer's backward
+ATTN_SCORE_COPIES = 2.4       # calibrated: reference attention's [B,H,T,T] fp32 arrays in one layer's backward
+ATTN_SAVED_COPIES = 4.2       # calibrated: the same arrays each layer keeps without remat
 LAYER_WORK_COPIES = 3.0       # calibrated: one layer's intermediates, their cotangents and recompute
 NS_COPIES = 3.0               # calibrated: MuonH Newton–Schulz temporaries per matrix (fp32)
 BLOCK = 512                   # query/key block of blockwise attention (its temporaries)
@@ -316,12 +322,12 @@ def _dot_outputs_per_token(s: Shapes) -> float:
             + s.latent + s.d + 2 * s.r * 2)                          # latent down / up, GatedNorm bottlenecks
 
 
-def attention_bytes(cfg: Config, batch: int) -> float:
+def attention_bytes(cfg: Config, batch: int, copies: float = ATTN_SCORE_COPIES) -> float:
     """One layer's attention working set beyond its per-token values: reference attention forms
     [B, H, T, T] fp32 scores (and a [B, T, T] mask); blockwise / cuDNN only block tiles."""
     s, T = Shapes.of(cfg), cfg.train.seq_len
     if attention_impl(cfg) == "reference":
-        return batch * (ATTN_SCORE_COPIES * s.H * T * T * FP32 + T * T)
+        return batch * (copies * s.H * T * T * FP32 + T * T)
     tile = min(BLOCK, T)
     return batch * s.H * 4 * tile * tile * FP32
 
@@ -374,7 +380,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
         saved -= (s.L - 2) * carry                                # two carries in flight
     activations = tokens * saved
     if mode == "none":  # every layer keeps its attention arrays too
-        activations += s.L * attention_bytes(cfg, micro)
+        activations += s.L * attention_bytes(cfg, micro, ATTN_SAVED_COPIES)
     layer_work = tokens * LAYER_WORK_COPIES * per_layer + attention_bytes(cfg, micro)
     if offload:
         host += moments
