@@ -30,6 +30,16 @@ def layer_is_global(num_layers: int, global_every: int, last_layer_global: bool)
     return pattern
 
 
+REMAT_MODES = ("none", "full", "dots")
+
+
+def remat_mode(remat) -> str:
+    """`model.remat` as one of REMAT_MODES (true and false are aliases of full and none)."""
+    if isinstance(remat, bool):
+        return "full" if remat else "none"
+    return remat
+
+
 def devices_per_process(hw: HardwareConfig) -> int:
     if hw.platform == "gpu":
         return max(1, hw.gpus_per_node // max(1, hw.tasks_per_node))

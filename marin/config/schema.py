@@ -35,8 +35,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: Any = AUTO                 # auto = 0.5/sqrt(d)
     z_loss: float = 1e-4                 # coefficient of logsumexp² in the loss
-    remat: bool = False                  # recompute each block in the backward pass
-    offload_carry: bool = False          # stage each layer's residual carry in host memory for the backward pass
+    remat: Any = False                   # none | full | dots: what a block keeps for the backward pass (true = full, false = none)
+    offload_carry: bool = False          # stage each layer's residual carry in host memory for the backward pass (needs remat)
     compute_dtype: str = "float32"       # float32 | bfloat16 (master weights stay float32)
 
 
@@ -121,6 +121,7 @@ class MeshConfig:
     data: Any = AUTO                     # auto = devices / (replica_dcn · expert · model)
     expert: int = 1
     model: int = 1
+    fsdp: bool = False                   # shard non-expert weights, grads and optimizer state over data × expert
 
 
 @dataclass

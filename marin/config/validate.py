@@ -76,6 +76,12 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     for name in positive_ints:
         if _get(cfg, name) < 1:
             problems.append((name, f"must be ≥ 1; got {_get(cfg, name)}"))
+    if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
+        problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
+                         f"false = none); got {cfg.model.remat!r}"))
+    elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
+        problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
+                         "full or dots; got model.remat none"))
     if cfg.model.capacity_factor <= 0:
         problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:

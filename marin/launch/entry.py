@@ -57,6 +57,11 @@ def dispatch(cfg: DictConfig) -> None:
             composed, resolved = load(cfg)
     except ConfigError as err:
         fail("invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+    if resolved.dry_run == "compile":  # compile the real steps for one replica (marin/launch/compile_plan.py)
+        from marin.launch.compile_plan import run as compile_run
+
+        compile_run(resolved)
+        return
     if resolved.dry_run:
         from marin.launch.plan import print_plan
 

@@ -20,8 +20,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from marin.config.derive import layer_is_global
+from marin.config.derive import layer_is_global, remat_mode
 from marin.config.schema import Config
 from marin.model.attention import Attention
 from marin.model.conv import CausalConv
@@ -30,6 +31,9 @@ from marin.model.norms import GatedNorm, RMSNorm, matmul, matrix_init
 
 # Sequence length of the dummy batch that traces the parameters (their shapes do not depend on it).
 INIT_SEQ_LEN = 8
+# Name of each layer's input (the residual carry) for remat policies: `model.offload_carry`
+# stages exactly this tensor in pinned host memory between the forward and backward pass.
+CARRY = "carry"
 
 
 def compute_dtype(cfg: Config) -> jnp.dtype:
@@ -54,6 +58,7 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array, layer_inputs: tuple[jax.Array, jax.Array], segment_ids: jax.Array):
         is_global, router_bias = layer_inputs
         taps = self.cfg.model.conv_kernel
+        x = checkpoint_name(x, CARRY)
 
         h = norm_site(self.cfg, "attn")(x)
         h = Attention(self.cfg, compute_dtype(self.cfg), name="attn")(h, segment_ids, is_global)
@@ -63,6 +68,27 @@ class Block(nn.Module):
         h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh)
         x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(jnp.float32)
         return x, stats
+
+
+def remat_policy(cfg: Config):
+    """What a rematerialised block keeps for the backward pass (`model.remat`, `model.offload_carry`):
+
+    full  nothing but the block's input (the carry): the whole block is recomputed;
+    dots  also the outputs of matmuls without batch dims (projections; not attention scores);
+    offload_carry  the carry goes to pinned host memory instead of staying on the device.
+    """
+    cp = jax.checkpoint_policies
+    keep = cp.dots_with_no_batch_dims_saveable if remat_mode(cfg.model.remat) == "dots" else cp.nothing_saveable
+    if not cfg.model.offload_carry:
+        return keep
+    offload = cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=[CARRY],
+        offload_src="device", offload_dst="pinned_host")
+
+    def policy(prim, *args, **params):  # the carry is offloaded; the rest as `keep` says
+        decision = offload(prim, *args, **params)  # Offloadable (a NamedTuple) for the carry only
+        return decision if isinstance(decision, tuple) else keep(prim, *args, **params)
+    return policy
 
 
 class Head(nn.Module):
@@ -88,7 +114,8 @@ class Transformer(nn.Module):
         x = nn.Embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
         x = norm_site(self.cfg, "embed")(x)
 
-        block = nn.remat(Block, prevent_cse=False) if m.remat else Block
+        mode = remat_mode(m.remat)
+        block = Block if mode == "none" else nn.remat(Block, prevent_cse=False, policy=remat_policy(self.cfg))
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast), length=m.num_layers)
         is_global = jnp.array(layer_is_global(m.num_layers, a.global_every, a.last_layer_global))

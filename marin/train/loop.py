@@ -32,6 +32,12 @@ def run_local(composed, resolved, overrides) -> dict:
     except (UnreadableSource, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    if resolved.optim.offload:  # pinned host memory must exist before anything is written
+        from marin.train.state import check_host_memory
+
+        if (why := check_host_memory()) is not None:
+            print(f"error: {why}", file=sys.stderr)
+            sys.exit(2)
     rec = run_record.create(composed, resolved, overrides)
     print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
     try:
@@ -67,7 +73,7 @@ def train(cfg, rec, loader=None) -> dict:
     from marin.train import preempt
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
-    from marin.train.step import make_eval_step, make_train_step
+    from marin.train.step import jit_steps
 
     process = jax.process_index()
     tracker = Tracker(rec, process_index=process)
@@ -92,9 +98,7 @@ def train(cfg, rec, loader=None) -> dict:
         log.info("initialised from %s at step %d", cfg.train.init_from, int(state.step))
     preempt.install(cfg.hardware.max_requeues)
 
-    train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
-                         out_shardings=(shardings, None), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(cfg, mesh), in_shardings=(shardings, batch_spec))
+    train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)
 
     def to_global(batch):
         return {k: jax.make_array_from_process_local_data(batch_spec, v) for k, v in batch.items()

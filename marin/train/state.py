@@ -1,5 +1,22 @@
-"""The train state and how it is laid out over the mesh."""
+"""The train state and how it is laid out over the mesh (spec §6).
+
+Layout (`state_sharding`):
+- routed expert weights `w_gate|w_up|w_down` [L, E, ...] (and every optimizer leaf that mirrors
+  them) are expert-parallel: E split over the mesh's `expert` axis;
+- with `hardware.mesh.fsdp` every other leaf of at least `FSDP_MIN_SIZE` elements is sharded
+  inside a replica (FSDP): its largest dim divisible by data × expert is split over both axes
+  (the stacked-layer dim 0 of `layers/` leaves is never split, so the layer scan slices locally);
+  expert leaves additionally split their largest other dim over `data` when data > 1. Leaves are
+  replicated over `replica_dcn` (and `model`). XLA's SPMD partitioner then all-gathers each
+  layer's weights where they are used and reduce-scatters their gradients inside a replica;
+  the replica_dcn reduction is an all-reduce;
+- with `optim.offload` the optimizer state lives in pinned host memory (memory kind
+  `pinned_host`); the train step moves it to the device for the update and back.
+Small or indivisible leaves (norm gains, biases, scalars) stay replicated.
+"""
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +28,9 @@ from marin.model import routers, transformer
 # Leaves that hold one slice per routed expert on axis 1 (after the stacked-layer axis): they are
 # split over the mesh's `expert` axis; so are the optimizer moments that mirror them.
 EXPERT_LEAVES = ("w_gate", "w_up", "w_down")
+FSDP_AXES = ("data", "expert")
+FSDP_MIN_SIZE = 2 ** 14          # smaller leaves are not worth a collective: replicated
+HOST = "pinned_host"
 
 
 @struct.dataclass
@@ -27,19 +47,60 @@ def init_state(cfg, tx, key) -> TrainState:
                       router_state=routers.init_router_state(cfg))
 
 
-def _leaf_spec(path, leaf, num_experts: int) -> P:
-    names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
-    if names & set(EXPERT_LEAVES) and leaf.ndim >= 3 and leaf.shape[1] == num_experts:
-        return P(None, "expert")
-    return P()
+def _names(path) -> set:
+    return {getattr(k, "key", getattr(k, "name", None)) for k in path}
+
+
+def _split_largest(shape, spec: list, size: int, axes, skip: set) -> list:
+    """`spec` with the largest dim of `shape` that `size` divides (and not in `skip`) split over
+    `axes`; unchanged if none qualifies."""
+    dims = [i for i in range(len(shape)) if i not in skip and spec[i] is None and shape[i] % size == 0]
+    if size > 1 and dims:
+        best = max(dims, key=lambda i: (shape[i], -i))
+        spec[best] = axes if len(axes) > 1 else axes[0]
+    return spec
+
+
+def leaf_spec(path, leaf, cfg, mesh_sizes: dict) -> P:
+    """PartitionSpec of one state leaf (module docstring)."""
+    names = _names(path)
+    shape = tuple(leaf.shape)
+    spec = [None] * len(shape)
+    stacked = {0} if "layers" in names and len(shape) > 1 else set()
+    if names & set(EXPERT_LEAVES) and len(shape) >= 3 and shape[1] == cfg.model.num_experts:
+        spec[1] = "expert"
+        if cfg.hardware.mesh.fsdp:
+            spec = _split_largest(shape, spec, mesh_sizes.get("data", 1), ("data",), stacked)
+        return P(*spec)
+    if not cfg.hardware.mesh.fsdp or math.prod(shape) < FSDP_MIN_SIZE:
+        return P()
+    axes = tuple(a for a in FSDP_AXES if mesh_sizes.get(a, 1) > 1)
+    size = math.prod(mesh_sizes[a] for a in axes)
+    return P(*_split_largest(shape, spec, size, axes, stacked))
 
 
 def state_sharding(cfg, abstract_state, mesh):
-    """Expert weights (and their optimizer moments) split over `expert`; everything else
-    replicated. Batches are split over every axis but `model` (see `batch_sharding`)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, _leaf_spec(path, leaf, cfg.model.num_experts)),
-        abstract_state)
+    """NamedSharding of every leaf of the train state (layout: module docstring)."""
+    sizes = dict(mesh.shape)
+
+    def sharding(path, leaf, memory_kind=None):
+        return NamedSharding(mesh, leaf_spec(path, leaf, cfg, sizes), memory_kind=memory_kind)
+
+    out = jax.tree_util.tree_map_with_path(sharding, abstract_state)
+    if cfg.optim.offload:
+        out = out.replace(opt_state=jax.tree_util.tree_map_with_path(
+            lambda p, leaf: sharding(p, leaf, HOST), abstract_state.opt_state))
+    return out
+
+
+def check_host_memory(devices=None) -> str | None:
+    """None if the backend offers pinned host memory (needed by `optim.offload`); else why not."""
+    device = (devices or jax.devices())[0]
+    kinds = {m.kind for m in device.addressable_memories()}
+    if HOST in kinds:
+        return None
+    return (f"optim.offload: the {device.platform} backend has no '{HOST}' memory "
+            f"(memory kinds: {', '.join(sorted(kinds))}); set optim.offload=false")
 
 
 def batch_sharding(mesh):

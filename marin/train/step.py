@@ -24,8 +24,15 @@ def num_microbatches(cfg) -> int:
     return cfg.train.global_batch // (cfg.train.micro_batch * batch_shards(cfg.hardware))
 
 
+def to_memory(tree, space):
+    """Move every leaf of `tree` to memory `space` (jax.memory.Space.Device / Host), keeping
+    its sharding: how `optim.offload` brings the optimizer state in and out of the step."""
+    return jax.tree.map(lambda x: jax.device_put(x, space), tree)
+
+
 def make_train_step(cfg, tx, mesh):
     n_micro = num_microbatches(cfg)
+    offload = cfg.optim.offload
 
     def grads_of(params, batch, bias):
         def loss(p):
@@ -50,7 +57,10 @@ def make_train_step(cfg, tx, mesh):
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
             grads, metrics = jax.tree.map(lambda x: x / n_micro, (grads, metrics))
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        opt_state = to_memory(state.opt_state, jax.memory.Space.Device) if offload else state.opt_state
+        updates, opt_state = tx.update(grads, opt_state, state.params)
+        if offload:  # back to pinned host memory (its place in the state's out_shardings)
+            opt_state = to_memory(opt_state, jax.memory.Space.Host)
         params = optax.apply_updates(state.params, updates)
         router_state = routers.next_router_state(state.router_state, metrics["router"], cfg)
         out = {k: metrics[k] for k in SCALARS if k in metrics}
@@ -64,6 +74,19 @@ def make_train_step(cfg, tx, mesh):
         return new_state, out
 
     return train_step
+
+
+def jit_steps(cfg, tx, mesh, shardings):
+    """(train_step, eval_step) jitted exactly as the loop runs them: the state in `shardings`
+    (marin.train.state.state_sharding) and donated to the train step, batches split over the
+    batch axes. `dry_run=compile` lowers these same two functions."""
+    from marin.train.state import batch_sharding
+
+    batch_spec = batch_sharding(mesh)
+    train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
+                         out_shardings=(shardings, None), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(cfg, mesh), in_shardings=(shardings, batch_spec))
+    return train_step, eval_step
 
 
 def make_eval_step(cfg, mesh):

@@ -1,0 +1,314 @@
+"""`dry_run=compile`: the plan of `dry_run=json` plus what XLA says about the real steps.
+
+The very train and eval steps a run executes (`marin.train.step.jit_steps`: same state layout,
+mesh axes, micro-batches) are lowered and compiled ahead of time for ONE replica (a rack: the
+replica_dcn replicas are identical) on forced host devices, with shape-only inputs: the state is
+`jax.eval_shape`'d and nothing is allocated, so the 535B hero compiles on a laptop-sized CPU.
+
+Per step it reports, per device (GiB = 2^30 bytes):
+  argument / output / alias / temp   XLA's memory analysis, device memory only;
+  host                               bytes in pinned host memory (offloaded optimizer state and
+                                     carries). XLA:CPU counts host buffers as device ones, so
+                                     they are read from the compiled HLO (memory space S(5)) and
+                                     subtracted from the device figures;
+  peak                               argument + output − alias + temp: what the device holds at
+                                     the step's high-water mark (donated state counted once);
+  collectives                        per kind, executions per step (loop trip counts applied)
+                                     and GiB moved per device (the larger side of each
+                                     collective: all-gather's output, reduce-scatter's input).
+The top level adds `memory_limit_gib` (derive.memory_limit_gib) and `fits` (every step's peak ≤
+the limit; null where the hardware has no memory figure).
+
+A CPU compile is a close estimate, not a GPU measurement: README "What a CPU compile tells".
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import sys
+import time
+
+from marin.config import derive
+
+GIB = 2 ** 30
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+               "s4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "f8e5m2": 1}
+HOST_SPACE = "S(5)"  # XLA's memory space of pinned host buffers in layouts
+
+
+class CompilePlanError(ValueError):
+    """The config cannot be compiled here (one line for the user)."""
+
+
+def replica_devices(cfg) -> int:
+    """Devices of one replica: the job's devices over replica_dcn."""
+    return derive.device_count(cfg.hardware) // cfg.hardware.mesh.replica_dcn
+
+
+def replica_config(cfg):
+    """`cfg` for one replica: replica_dcn = 1 and its share of the global batch, so the
+    per-device micro-batch and the gradient accumulation are the run's own. Attention that
+    would run through cuDNN on the GPU compiles as the memory-efficient blockwise kernel."""
+    r = copy.deepcopy(cfg)
+    replicas = r.hardware.mesh.replica_dcn
+    r.hardware.mesh.replica_dcn = 1
+    r.train.global_batch //= replicas
+    if r.attention.impl in ("auto", "cudnn"):
+        r.attention.impl = "blockwise"
+    return r
+
+
+def force_host_devices(count: int) -> None:
+    """Make JAX see `count` CPU devices; must run before JAX starts its backend."""
+    from marin.launch.distributed import FORCED_DEVICES_FLAG
+
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(FORCED_DEVICES_FLAG)]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{FORCED_DEVICES_FLAG}={count}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+# --- Reading the compiled HLO ---
+
+def _shapes(text: str) -> list[tuple[float, bool]]:
+    """(bytes, in host memory) of every array shape written in `text`, e.g. `f32[8,4]{1,0:S(5)}`."""
+    out = []
+    for dtype, dims, layout in re.findall(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?", text):
+        if dtype not in DTYPE_BYTES:
+            continue
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        out.append((n * DTYPE_BYTES[dtype], HOST_SPACE in (layout or "")))
+    return out
+
+
+def _split_top(text: str) -> list[str]:
+    """Top-level comma-separated parts of `text` (commas inside brackets ignored)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "([{" and 1 or ch in ")]}" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + ([cur] if cur.strip() else [])
+
+
+def host_bytes(hlo: str, carry_shape: str | None = None) -> dict[str, float]:
+    """Bytes in pinned host memory per device, from the compiled HLO: entry arguments, outputs
+    and aliased outputs (entry_computation_layout and input_output_alias: memory space S(5)),
+    the largest host argument (`staging`, see `step_report`), and temporaries.
+
+    XLA:CPU drops in-program placements (a `device_put` to host inside `jit` lowers to nothing
+    on CPU), so the stacked layer carries that `model.offload_carry` sends to pinned host memory
+    stay in XLA:CPU's device temp: they are found by their shape `carry_shape` (e.g.
+    ``f32[48,16,4096,6144]``, one buffer of the layer scan) and counted as host temp instead."""
+    header = hlo.split("\n", 1)[0]
+    layout = re.search(r"entry_computation_layout=\{\((.*)\)->(.*)\}", header)
+    args, outs = (_split_top(layout.group(1)), layout.group(2)) if layout else ([], "")
+    outs = _split_top(outs[1:-1]) if outs.startswith("(") else [outs]
+    arg_host = [b for a in args for b, host in _shapes(a) if host]
+    out_host = [sum(b for b, host in _shapes(o) if host) for o in outs]
+    aliased = {int(i) for i in re.findall(r"\{(\d+)\}: \(\d+, \{\}, (?:may|must)-alias\)", header)}
+    temp = 0.0
+    if carry_shape and carry_shape in hlo:
+        temp = sum(b for b, _ in _shapes(carry_shape))
+    return {"argument": sum(arg_host), "output": sum(out_host), "temp": temp,
+            "alias": sum(out_host[i] for i in aliased if i < len(out_host)),
+            "staging": max(arg_host, default=0.0)}
+
+
+def _group_size(line: str) -> int:
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+    if m:
+        return int(m.group(2))
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        n = 1
+        for axis in re.findall(r"'(\w+)'", m.group(2)):
+            n *= int(sizes.get(axis, 1))
+        return n
+    return 1
+
+
+def collectives(hlo: str) -> dict[str, dict]:
+    """{kind: {count, gib}} per step: each collective instruction times the trip counts of the
+    while loops around it (scan over layers, micro-batches)."""
+    comps, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if head:
+            name = "ENTRY" if line.startswith("ENTRY") else head.group(1)
+            comps[name] = []
+        elif name is not None and line.startswith("  "):
+            comps[name].append(line)
+    memo: dict[str, dict] = {}
+
+    def total(comp: str, stack=()) -> dict:
+        if comp in memo:
+            return memo[comp]
+        acc = {k: [0, 0.0] for k in COLLECTIVES}
+        for line in comps.get(comp, []):
+            op = re.match(r"\s+(?:ROOT )?%\S+ = (.*?) ([a-z\-]+)\(", line)
+            if op and op.group(2).removesuffix("-start") in COLLECTIVES:
+                kind = op.group(2).removesuffix("-start")
+                sizes = [b for b, _ in _shapes(op.group(1))]
+                nbytes = max(sizes, default=0) if op.group(2).endswith("-start") else sum(sizes)
+                if kind == "reduce-scatter":
+                    nbytes *= _group_size(line)
+                acc[kind][0] += 1
+                acc[kind][1] += nbytes
+            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+            for attr, callee in re.findall(r"(body|calls|to_apply|branch_computations|true_computation|"
+                                           r"false_computation)=\{?%([\w.\-]+)", line):
+                if callee in stack:
+                    continue
+                mult = int(trips.group(1)) if attr == "body" and trips else 1
+                sub = total(callee, stack + (comp,))
+                for k in COLLECTIVES:
+                    acc[k][0] += mult * sub[k][0]
+                    acc[k][1] += mult * sub[k][1]
+            for callee in re.findall(r"branch_computations=\{([^}]*)\}", line):
+                for c in re.findall(r"%([\w.\-]+)", callee)[1:]:
+                    sub = total(c, stack + (comp,))
+                    for k in COLLECTIVES:
+                        acc[k][0] += sub[k][0]
+                        acc[k][1] += sub[k][1]
+        memo[comp] = acc
+        return acc
+
+    counts = total("ENTRY")
+    return {k: {"count": int(c), "gib": round(b / GIB, 4)} for k, (c, b) in counts.items()}
+
+
+def step_report(lowered_fn, *args, carry_shape: str | None = None, offload: bool = False) -> dict:
+    """Compile one jitted step on abstract inputs; its memory and collectives.
+
+    With the optimizer state offloaded (`offload`), the update reads it on the device: XLA:CPU
+    computes on host buffers in place, XLA:GPU copies each leaf in and out. The largest host
+    leaf (`offload_staging_gib`) is added to the device peak: the least any schedule stages."""
+    t0 = time.perf_counter()
+    lowered = lowered_fn.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    ma = compiled.memory_analysis()
+    hlo = compiled.as_text()
+    host = host_bytes(hlo, carry_shape)
+    # On backends that report host memory themselves (GPU) the device figures exclude it already.
+    if ma.host_argument_size_in_bytes or ma.host_temp_size_in_bytes:
+        host = {"argument": ma.host_argument_size_in_bytes, "output": ma.host_output_size_in_bytes,
+                "alias": ma.host_alias_size_in_bytes, "temp": ma.host_temp_size_in_bytes,
+                "staging": 0.0}
+        device = {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes,
+                  "alias": ma.alias_size_in_bytes, "temp": ma.temp_size_in_bytes}
+    else:
+        device = {"argument": ma.argument_size_in_bytes - host["argument"],
+                  "output": ma.output_size_in_bytes - host["output"],
+                  "alias": ma.alias_size_in_bytes - host["alias"],
+                  "temp": max(0, ma.temp_size_in_bytes - host["temp"])}
+    staging = host["staging"] if offload else 0.0
+    peak = device["argument"] + device["output"] - device["alias"] + device["temp"] + staging
+    return {
+        "argument_gib": round(device["argument"] / GIB, 6),
+        "temp_gib": round(device["temp"] / GIB, 6),
+        "output_gib": round(device["output"] / GIB, 6),
+        "alias_gib": round(device["alias"] / GIB, 6),
+        "host_gib": round((host["argument"] + host["temp"]) / GIB, 6),
+        "offload_staging_gib": round(staging / GIB, 6),
+        "peak_gib": round(peak / GIB, 6),
+        "collectives": collectives(hlo),
+        "lower_s": round(t1 - t0, 2),
+        "compile_s": round(t2 - t1, 2),
+    }
+
+
+def compile_steps(cfg) -> dict:
+    """Lower and compile one replica's train and eval steps; {train_step: ..., eval_step: ...}.
+    JAX must already see `replica_devices(cfg)` devices."""
+    import jax
+    import jax.numpy as jnp
+
+    from marin.launch.mesh import MeshError, make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import batch_sharding, check_host_memory, init_state, state_sharding
+    from marin.train.step import jit_steps
+
+    r = replica_config(cfg)
+    if (cfg.optim.offload or cfg.model.offload_carry) and (why := check_host_memory()) is not None:
+        raise CompilePlanError(why)
+    try:
+        mesh = make_mesh(r)
+    except MeshError as err:
+        raise CompilePlanError(str(err)) from None
+    tx = build_optimizer(r)
+    abstract = jax.eval_shape(lambda k: init_state(r, tx, k), jax.random.key(0))
+    shardings = state_sharding(r, abstract, mesh)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    rows, spec = (r.train.global_batch, r.train.seq_len), batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(rows, dtype, sharding=spec) for k, dtype in
+             (("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.float32))}
+    train_step, eval_step = jit_steps(r, tx, mesh, shardings)
+    carry = None
+    if r.model.offload_carry:  # the layer scan's stacked carries [L, rows per device, T, d], float32
+        from marin.config.derive import batch_shards
+        from marin.train.step import num_microbatches
+
+        per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
+        carry = f"f32[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
+    return {"train_step": step_report(train_step, state, batch, carry_shape=carry, offload=r.optim.offload),
+            "eval_step": step_report(eval_step, state, batch)}
+
+
+def compile_plan(cfg) -> dict:
+    """Everything `dry_run=json` prints, plus `compiled`, `memory_limit_gib` and `fits`."""
+    from marin.launch.plan import plan
+
+    out = plan(cfg)
+    r = replica_config(cfg)
+    steps = compile_steps(cfg)
+    limit = derive.memory_limit_gib(cfg.hardware)
+    out["compiled"] = {
+        **steps,
+        "replica": {"devices": replica_devices(cfg), "global_batch": r.train.global_batch,
+                    "mesh": {"data": r.hardware.mesh.data, "expert": r.hardware.mesh.expert,
+                             "model": r.hardware.mesh.model},
+                    "backend": "cpu (forced host devices)"},
+        "layout": {"fsdp": cfg.hardware.mesh.fsdp, "optim_offload": cfg.optim.offload,
+                   "remat": derive.remat_mode(cfg.model.remat), "offload_carry": cfg.model.offload_carry,
+                   "attention_impl": r.attention.impl},
+    }
+    out["memory_limit_gib"] = "unknown" if limit is None else round(limit, 3)
+    out["fits"] = None if limit is None else all(s["peak_gib"] <= limit for s in steps.values())
+    return out
+
+
+def run(cfg) -> None:
+    """The `dry_run=compile` entry: force the replica's devices, compile, print one JSON object.
+    A config this machine cannot compile prints one line and exits with status 2."""
+    from marin.launch.entry import fail
+
+    devices = replica_devices(cfg)
+    if "jax" in sys.modules:
+        import jax
+
+        if jax.device_count() != devices or jax.default_backend() != "cpu":
+            fail(f"dry_run=compile: JAX already started with {jax.device_count()} {jax.default_backend()} "
+                 f"device(s); one replica of hardware {cfg.hardware.name} needs {devices} CPU devices "
+                 "(run it in a fresh process)")
+    else:
+        force_host_devices(devices)
+    try:
+        result = compile_plan(cfg)
+    except CompilePlanError as err:
+        fail(str(err))
+    print(json.dumps(result, indent=2))
