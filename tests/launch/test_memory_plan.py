@@ -95,3 +95,22 @@ def test_eval_step_estimate_follows_its_dispatch_buffers():
     rows = s.E * (tokens - accounting.capacity(tokens, s.k, s.E, dropless.model.capacity_factor))
     buffers = rows * (2 * s.latent + 3 * s.I) * 2 / 2**30  # send/recv, gate, up, product in bf16
     assert accounting.eval_memory_per_device(dropless) - accounting.eval_memory_per_device(capped) >= buffers * 0.99
+
+
+@pytest.mark.slow
+def test_estimate_is_within_20_percent_of_the_compiled_peak():
+    """`dry_run=compile` compiles one replica's real steps (XLA memory analysis); the dry run's
+    estimates of the train and eval steps are within 20% of their peaks (a ladder rung: ~1 min)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "launch.py", RUNG, "dry_run=compile"], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = json.loads(done.stdout)
+    compiled = p["compiled"]
+    assert p["memory_per_device_gib"] == pytest.approx(compiled["train_step"]["peak_gib"], rel=0.2)
+    assert p["memory_eval_per_device_gib"] == pytest.approx(compiled["eval_step"]["peak_gib"], rel=0.2)
