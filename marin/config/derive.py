@@ -96,6 +96,20 @@ def stage_seq_lens(cfg: Config) -> list[int]:
     return [*t.earlier_seq_lens, *([t.init_seq_len] if t.init_seq_len else []), t.seq_len]
 
 
+def stage_steps(cfg: Config) -> tuple[int, int]:
+    """(first, last) step of what this run trains, in the run's step count.
+
+    A context-extension stage continues the run's schedule (its tokens per step are the
+    pretraining's, so `train.steps` is the whole run's horizon): it starts at
+    `train.stage_start` × steps, the step its init_from checkpoint was taken at (nominal: the
+    loop starts from the checkpoint's own step), and ends at `train.stop_after` (derived from
+    `train.stage_end`). A plain run trains 0 … stop_after or steps.
+    """
+    t = cfg.train
+    first = round(t.stage_start * t.steps) if t.stage_start is not None else 0
+    return first, t.stop_after or t.steps
+
+
 def lr_rule(total_tokens: float, d_model: int, batch_tokens: float, cap: float) -> dict[str, float]:
     """The spec's learning-rate / β2 / ε rule (§3) from the token budget T, width d and batch B."""
     adam_lr = min(cap, 0.087571 * total_tokens ** -0.3461 * d_model ** -0.3448 * math.sqrt(batch_tokens))
@@ -145,6 +159,9 @@ def resolve(cfg: Config) -> Config:
     tokens_per_step = t.seq_len * t.global_batch
     if is_auto(t.steps):
         t.steps = steps_from_budget(accounting.active_params(cfg), t.tokens_per_active_param, tokens_per_step)
+
+    if t.stage_end < 1 and t.stop_after is None and isinstance(t.steps, int):
+        t.stop_after = max(1, round(t.stage_end * t.steps))  # a stage stops where the next one starts
 
     if is_auto(t.eval_every) and isinstance(t.steps, int):
         t.eval_every = max(1, t.steps // 20)  # every 5% of training, as the ladder forecast reads it

@@ -225,6 +225,8 @@ class TrainConfig:
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
     init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)
     earlier_seq_lens: List[int] = field(default_factory=list)  # lengths of the stages before that run, oldest first
+    stage_start: Optional[float] = None  # context-extension stage: where it starts, as a fraction of the run's steps (init_from's checkpoint)
+    stage_end: float = 1.0               # where it ends (the next stage starts there); sets stop_after when < 1
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 

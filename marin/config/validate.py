@@ -113,6 +113,11 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
         problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
     if cfg.train.stop_after is not None and cfg.train.stop_after < 1:
         problems.append(("train.stop_after", f"must be ≥ 1 or null; got {cfg.train.stop_after}"))
+    start, end = cfg.train.stage_start, cfg.train.stage_end
+    if start is not None and not 0.0 <= start < 1.0:
+        problems.append(("train.stage_start", f"must be in [0, 1) (a fraction of the run's steps) or null; got {start}"))
+    elif not (start or 0.0) < end <= 1.0:
+        problems.append(("train.stage_end", f"must be in (train.stage_start, 1]; got {end}"))
     return problems
 
 
@@ -174,6 +179,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if t.init_seq_len and not t.init_from and not cfg.dry_run:
         problems.append(("train.init_from", "a context-extension stage (train.init_seq_len is set) starts "
                          "from another run's checkpoint: give its run directory"))
+    if t.stage_start is not None and not t.init_seq_len:
+        problems.append(("train.stage_start", "only a context-extension stage (train.init_seq_len set) starts mid-run; "
+                         f"got {t.stage_start} without train.init_seq_len"))
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))

@@ -47,6 +47,7 @@ def check_jobs(jobs: list[Job]) -> list[str]:
     fills `composed`/`resolved`, returns one line per problem: `job 2/4 (optim.lr=-1): field: why`."""
     from marin.config.validate import ConfigError, load
     from marin.launch.distributed import check_gpu_install
+    from marin.launch.slurm import memory_problem
 
     lines = []
     for n, job in enumerate(jobs, start=1):
@@ -65,6 +66,8 @@ def check_jobs(jobs: list[Job]) -> list[str]:
             lines.append(f"{where}: {str(err).splitlines()[0]}")
             continue
         if job.slurm and (problem := check_gpu_install(job.resolved.hardware)) is not None:
+            lines.append(f"{where}: {problem}")
+        if job.slurm and (problem := memory_problem(job.resolved)) is not None:
             lines.append(f"{where}: {problem}")
     return lines
 

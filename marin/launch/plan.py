@@ -9,6 +9,7 @@ about a second.
 from __future__ import annotations
 
 import json
+import sys
 
 from marin.config import derive
 from marin.config.schema import Config
@@ -23,8 +24,10 @@ def plan(cfg: Config) -> dict:
     s = accounting.Shapes.of(cfg)
     t, hw, o = cfg.train, cfg.hardware, cfg.optim
     tokens_per_step = t.seq_len * t.global_batch
-    tokens = t.steps * tokens_per_step
-    train_flops = accounting.train_flops(cfg)
+    first, last = derive.stage_steps(cfg)  # a context-extension stage trains only its own part
+    steps = last - first
+    tokens = steps * tokens_per_step
+    train_flops = accounting.train_flops(cfg, steps=steps)
     devices = derive.device_count(hw)
     memory = accounting.memory_per_device(cfg)
     out = {
@@ -44,8 +47,9 @@ def plan(cfg: Config) -> dict:
         "flops_per_token": accounting.flops_per_token(cfg),
         "flops_per_token_no_head": accounting.flops_per_token(cfg, with_head=False),
         "train_flops": float(train_flops),
-        "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False)),
-        "steps": t.steps,
+        "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False, steps=steps)),
+        "steps": steps,
+        "run_steps": t.steps,
         "tokens": tokens,
         "seq_len": t.seq_len,
         "global_batch": t.global_batch,
@@ -64,10 +68,16 @@ def plan(cfg: Config) -> dict:
         "devices": devices,
         "remat": cfg.model.remat,
         "memory_per_device_gib": memory["total"],
-        "memory_parts_gib": {k: v for k, v in memory.items() if k != "total"},
+        "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
+        "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
+        "memory_eval_per_device_gib": accounting.eval_memory_per_device(cfg),
+        "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
+        "memory_limit_gib": derive.memory_limit_gib(hw),
+        "fits": fits(cfg, device_peak(cfg)),
     }
     if t.init_from is not None or t.init_seq_len is not None:
-        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg)}
+        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg),
+                       "first_step": first, "last_step": last}
     if hw.peak_flops_per_device > 0:
         out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
     if hw.launcher == "slurm":
@@ -77,6 +87,32 @@ def plan(cfg: Config) -> dict:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
     return out
+
+
+def fits(cfg: Config, estimate_gib: float) -> bool | None:
+    """Whether the estimate is within derive.memory_limit_gib; None where the hardware has no figure."""
+    limit = derive.memory_limit_gib(cfg.hardware)
+    return None if limit is None else estimate_gib <= limit
+
+
+def device_peak(cfg: Config) -> float:
+    """The larger of the train step's and the eval step's estimates (GiB per device)."""
+    return max(accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg))
+
+
+def over_memory(cfg: Config) -> str | None:
+    """One line with the figures when the run's memory estimate exceeds the device's usable
+    memory (None when it fits or the hardware has no figure)."""
+    hw = cfg.hardware
+    train, evaluation = accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg)
+    estimate = max(train, evaluation)
+    if fits(cfg, estimate) is not False:
+        return None
+    step = "train" if train >= evaluation else "eval"
+    return (f"memory: the estimate is {estimate:.1f} GiB per device ({step} step), over the {derive.memory_limit_gib(hw):.1f} GiB "
+            f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
+            f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
+            f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
 
 
 def submission(cfg: Config) -> dict:
@@ -138,14 +174,20 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         ("layout", [
             ("hardware", p["hardware"]),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
-            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {'on' if p['remat'] else 'off'}; estimate)"),
-        ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]),
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate, "
+                                f"peak in the {p['memory_peak_phase']} phase)"
+                                + ("" if p["fits"] is None else
+                                   f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
+        ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
+          + [("eval step / device", f"{p['memory_eval_per_device_gib']:.1f} GiB  (estimate)")]
+          + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)")] if p["memory_host_gib"] else [])),
     ]
     if "init" in p:
         sections.append(("context extension", [
             ("init from", str(p["init"]["from"])),
             ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
-            ("note", "run totals above assume this seq_len from step 0; the stage resumes mid-run"),
+            ("stage steps", f"{p['init']['first_step']:,} → {p['init']['last_step']:,} of the run's "
+                            f"{p['run_steps']:,} (steps, tokens and FLOPs above are the stage's)"),
         ]))
     if p.get("data"):
         most = sorted(p["data"].items(), key=lambda kv: (-max(kv[1], default=0.0), kv[0]))
@@ -173,6 +215,8 @@ def print_plan(cfg: Config, as_json: bool = False) -> None:
         print(json.dumps(p, indent=2))
         return
     print(format_plan(p))
+    if (warning := over_memory(cfg)) is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if "submission" in p:
         from marin.launch.slurm import describe  # the launcher's own summary of the request
 

@@ -121,7 +121,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
             fail(f"resume: run {rec.run_id} is still queued or running as Slurm job {job}; scancel it first")
         from marin.launch.distributed import check_gpu_install
 
-        if (problem := check_gpu_install(resolved.hardware)) is not None:
+        if (problem := slurm_launch.memory_problem(resolved) or check_gpu_install(resolved.hardware)) is not None:
             fail(problem)
     try:
         backend.check_reachable(rec.tracking_uri)

@@ -137,6 +137,8 @@ def submit(composed, resolved, overrides: list[str]) -> None:
     from marin.launch.entry import fail
     from marin.track import backend, record as run_record
 
+    if (problem := memory_problem(resolved)) is not None:
+        fail(problem)
     if (problem := check_gpu_install(resolved.hardware)) is not None:
         fail(problem)
     try:
@@ -153,6 +155,16 @@ def submit(composed, resolved, overrides: list[str]) -> None:
         code = follow(job)
         if code:
             sys.exit(code)
+
+
+def memory_problem(resolved) -> str | None:
+    """The refusal of a run whose memory estimate exceeds the device's usable memory (the dry
+    run's figures), unless plan.allow_over_memory; checked before anything is written."""
+    from marin.launch.plan import over_memory  # pure Python
+
+    if resolved.plan.allow_over_memory:
+        return None
+    return over_memory(resolved)
 
 
 def _mark_unsubmitted(rec, reason: str) -> None:

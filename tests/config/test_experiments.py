@@ -102,12 +102,43 @@ def test_context_stages_rescale_qk_mult_by_the_rule():
 
 
 def test_context_stages_keep_the_run_schedule():
-    """Same tokens per step as pretraining, so steps and the lr rule resolve as there."""
+    """Same tokens per step as pretraining, so the run's horizon and the lr rule resolve as there."""
     hero = plan(experiment(HERO))
     for name in ("mochi_535b_a23b_8k", "mochi_535b_a23b_65k"):
         p = plan(experiment(name))
-        assert (p["tokens_per_step"], p["steps"], p["lr"], p["eps"]) == (
+        assert (p["tokens_per_step"], p["run_steps"], p["lr"], p["eps"]) == (
             hero["tokens_per_step"], hero["steps"], hero["lr"], hero["eps"])
+
+
+def test_context_stages_plan_their_own_steps_tokens_and_flops():
+    """Each stage reports its own part of the run, not the whole run's steps (spec §7): the 8K
+    stage from stage_start to where the 65K stage starts, the 65K stage to the run's end."""
+    hero_cfg = experiment(HERO)
+    hero = plan(hero_cfg)
+    k8_cfg, k65_cfg = experiment("mochi_535b_a23b_8k"), experiment("mochi_535b_a23b_65k")
+    k8, k65 = plan(k8_cfg), plan(k65_cfg)
+    run = hero["steps"]
+    assert k8["init"]["first_step"] == round(k8_cfg.train.stage_start * run)
+    assert k8["init"]["last_step"] == k65["init"]["first_step"] == round(k8_cfg.train.stage_end * run)
+    assert k8_cfg.train.stop_after == k8["init"]["last_step"]  # the loop stops there
+    assert k65["init"]["last_step"] == run and k65_cfg.train.stop_after is None
+    for cfg, p in ((k8_cfg, k8), (k65_cfg, k65)):
+        assert 0 < p["steps"] == p["init"]["last_step"] - p["init"]["first_step"] < run
+        assert p["tokens"] == p["steps"] * cfg.train.seq_len * cfg.train.global_batch < hero["tokens"]
+        assert p["global_batch"] * p["seq_len"] == hero["tokens_per_step"]
+        per_token = p["train_flops"] / p["tokens"]
+        assert per_token > hero["train_flops"] / hero["tokens"]  # longer global-attention spans
+    # The stages and the pretraining before them cover the run exactly once.
+    assert k8["init"]["first_step"] + k8["steps"] + k65["steps"] == run
+
+
+def test_stage_fields_are_checked():
+    from marin.config.validate import ConfigError
+
+    with pytest.raises(ConfigError, match="train.stage_start"):
+        make_config("train.stage_start=0.5", "dry_run=true")  # not a context-extension stage
+    with pytest.raises(ConfigError, match="train.stage_end"):
+        make_config("experiment=mochi_535b_a23b_8k", "train.stage_end=0.4", "dry_run=true")
 
 
 def test_qk_mult_auto_without_extension_is_the_base():

@@ -27,11 +27,18 @@ def _leaf_sizes(cfg) -> dict[str, int]:
             for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
 
 
+def _leaf_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    shapes = transformer.param_shapes(cfg)
+    return {"/".join(key.key for key in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_all_leaves_matches_the_model(name):
     cfg = make_config("model=tiny", *CONFIGS[name])
     sizes = _leaf_sizes(cfg)
     assert sum(sizes.values()) == accounting.all_leaves(cfg)
     # Leaf by leaf too: the table the optimizer-group and memory plans are built from.
-    table = {leaf.path: leaf.size for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))}
-    assert sizes == table
+    # shapes too: the memory plan shards leaves by their dims as marin/train/state.py does
+    table = {leaf.path: leaf.shape for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))}
+    assert _leaf_shapes(cfg) == table

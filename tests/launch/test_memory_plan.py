@@ -1,0 +1,116 @@
+"""The memory plan: the dry run says whether a run fits its devices, and a Slurm submission
+that would not fit is refused before anything is written (unless plan.allow_over_memory)."""
+import pytest
+
+from marin.config import derive
+from marin.launch import plan as plan_module
+from marin.launch.entry import dispatch
+from marin.model import accounting
+from tests.helpers import compose_dict, make_config
+
+RUNG = "experiment=ladder_d768"
+SUBMIT = (RUNG, "data=builtin")  # a launchable rung: the hero mixture's files are site-specific
+
+
+def test_plan_has_the_limit_and_whether_the_run_fits():
+    cfg = make_config(RUNG, "dry_run=true")
+    p = plan_module.plan(cfg)
+    assert p["memory_limit_gib"] == pytest.approx(cfg.hardware.memory_per_device_gib * cfg.hardware.memory_usable_fraction)
+    peak = max(p["memory_per_device_gib"], p["memory_eval_per_device_gib"])  # the train or the eval step
+    assert p["fits"] is (peak <= p["memory_limit_gib"])
+    local = plan_module.plan(make_config("model=tiny"))
+    assert local["memory_limit_gib"] is None and local["fits"] is None  # CPU: no figure, no verdict
+
+
+def half_the_estimate(*overrides: str) -> str:
+    """A device memory override half of this config's estimate (so it cannot fit)."""
+    estimate = plan_module.device_peak(make_config(*overrides, "dry_run=true"))
+    return f"hardware.memory_per_device_gib={estimate / 2:.3f}"
+
+
+def test_dry_run_warns_when_the_run_does_not_fit(capsys):
+    small = half_the_estimate(RUNG)
+    plan_module.print_plan(make_config(RUNG, small, "dry_run=true"))
+    out = capsys.readouterr()
+    assert "DOES NOT FIT" in out.out
+    warnings = [line for line in out.err.splitlines() if line.startswith("warning: memory:")]
+    assert len(warnings) == 1 and "plan.allow_over_memory=true" in warnings[0]
+    plan_module.print_plan(make_config(RUNG, "hardware.memory_per_device_gib=100000", "dry_run=true"))
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_slurm(monkeypatch):
+    """Everything past the memory check recorded instead of run (no cluster, no GPU install)."""
+    from marin.launch import slurm
+    from marin.track import record
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def create(*args, **kwargs):
+        calls.append("record")
+        raise Stop
+
+    monkeypatch.setattr(slurm, "check_gpu_install", lambda hw: None)
+    monkeypatch.setattr(record, "create", create)
+    monkeypatch.setattr(slurm, "submit_record", lambda *a, **k: calls.append("submit"))
+    return calls, Stop
+
+
+def test_slurm_submission_over_memory_is_refused_and_writes_nothing(tmp_path, capsys, no_slurm):
+    calls, _ = no_slurm
+    out_dir, db = tmp_path / "out", tmp_path / "mlflow.db"
+    small = half_the_estimate(*SUBMIT)
+    cfg = compose_dict(*SUBMIT, small, f"run.out_dir={out_dir}", f"tracking.uri=sqlite:///{db}")
+    with pytest.raises(SystemExit) as exit_:
+        dispatch(cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: memory: the estimate is")
+    resolved = make_config(*SUBMIT, small)
+    estimate = plan_module.device_peak(resolved)
+    assert f"{estimate:.1f} GiB" in err[0] and f"{derive.memory_limit_gib(resolved.hardware):.1f} GiB" in err[0]
+    assert calls == [] and not out_dir.exists() and not db.exists()
+
+
+def test_allow_over_memory_submits_anyway(tmp_path, no_slurm):
+    calls, stop = no_slurm
+    cfg = compose_dict(*SUBMIT, half_the_estimate(*SUBMIT), "plan.allow_over_memory=true", f"run.out_dir={tmp_path}")
+    with pytest.raises(stop):
+        dispatch(cfg)
+    assert calls == ["record"]  # past the check: the record would be created, then submitted
+
+
+def test_eval_step_estimate_follows_its_dispatch_buffers():
+    """Dropless evaluation without a bound gives every expert room for all T tokens; with drops
+    allowed the training capacity applies: the estimate differs by at least those buffers."""
+    small_vocab = "model.vocab_size=1024"  # a layer's buffers, not the logits, are the largest
+    dropless = make_config(RUNG, small_vocab, "dry_run=true")
+    capped = make_config(RUNG, small_vocab, "model.eval_dropless=false", "dry_run=true")
+    s = accounting.Shapes.of(dropless)
+    tokens = 16 * 4096  # per-device batch of the rung: 1,024 sequences over 64 devices
+    rows = s.E * (tokens - accounting.capacity(tokens, s.k, s.E, dropless.model.capacity_factor))
+    buffers = rows * (2 * s.latent + 3 * s.I) * 2 / 2**30  # send/recv, gate, up, product in bf16
+    assert accounting.eval_memory_per_device(dropless) - accounting.eval_memory_per_device(capped) >= buffers * 0.99
+
+
+@pytest.mark.slow
+def test_estimate_is_within_20_percent_of_the_compiled_peak():
+    """`dry_run=compile` compiles one replica's real steps (XLA memory analysis); the dry run's
+    estimates of the train and eval steps are within 20% of their peaks (a ladder rung: ~1 min)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "launch.py", RUNG, "dry_run=compile"], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = json.loads(done.stdout)
+    compiled = p["compiled"]
+    assert p["memory_per_device_gib"] == pytest.approx(compiled["train_step"]["peak_gib"], rel=0.2)
+    assert p["memory_eval_per_device_gib"] == pytest.approx(compiled["eval_step"]["peak_gib"], rel=0.2)
