@@ -15,7 +15,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from marin.config import derive
 from marin.config.schema import Config
