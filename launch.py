@@ -5,6 +5,8 @@ Hydra composes conf/ (plus the `sweep` group from sweeps/); marin validates befo
 imported or written, then dry-runs, reproduces, trains in-process or submits to Slurm, as the
 config says. See README.md.
 """
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -13,12 +15,24 @@ from marin.config.store import register
 register()
 
 
+_composed = False  # whether Hydra got as far as calling main
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    global _composed
+    _composed = True
     from marin.launch.entry import dispatch
 
     dispatch(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as done:
+        # Hydra reports a composition error (unknown option or key, wrong type) and exits 1;
+        # it is bad input like any other, so it gets bad input's status.
+        if done.code == 1 and not _composed:
+            sys.exit(2)
+        raise
