@@ -79,7 +79,8 @@ RANGES: dict[str, Range] = {
     "model.norm_eps": POSITIVE, "model.init_std": POSITIVE, "model.z_loss": NON_NEGATIVE,
     # attention
     "attention.head_dim": count(1), "attention.num_heads": count(1), "attention.kv_heads_local": count(1),
-    "attention.kv_heads_global": count(1), "attention.window": count(1), "attention.global_every": count(1),
+    "attention.kv_heads_global": count(1), "attention.window": count(1),
+    "attention.global_every": count(0),  # 0: no periodic global layers (the last one, if asked)
     "attention.rope_fraction": FRACTION, "attention.rope_theta": POSITIVE, "attention.qk_mult": POSITIVE,
     "attention.qk_mult_base": POSITIVE,
     # router
