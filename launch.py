@@ -17,8 +17,13 @@ guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included
 register()
 
 
+_composed = False  # whether Hydra got as far as calling main
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    global _composed
+    _composed = True
     from marin.launch.entry import dispatch
 
     try:
@@ -29,4 +34,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as done:
+        # Hydra reports a composition error (unknown option or key, wrong type) and exits 1;
+        # it is bad input like any other, so it gets bad input's status.
+        if done.code == 1 and not _composed:
+            sys.exit(2)
+        raise

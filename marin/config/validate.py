@@ -7,11 +7,9 @@ prints them and exits non-zero. Pure Python: no JAX.
 """
 from __future__ import annotations
 
-import math
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from omegaconf import DictConfig, OmegaConf
-
-from marin.config import derive
+from marin.config import derive, ranges
 from marin.config.schema import Config
 
 CHOICES = {
@@ -46,16 +44,35 @@ def _get(cfg: Config, dotted: str):
     return value
 
 
-def _auto_or(value, kind: str, positive: bool = True) -> str | None:
-    """None if `value` is ``auto`` or a number of `kind`; else what is allowed."""
-    if derive.is_auto(value):
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    if ok and (not positive or value > 0):
-        return None
-    return f"expected 'auto' or a {'positive ' if positive else ''}{'integer' if kind == 'int' else 'number'}, got {value!r}"
+def _empty_refs(cfg: Config) -> list[tuple[str, str]]:
+    """`resume=` / `reproduce=` with nothing after the `=` would silently start a fresh run."""
+    return [(name, "give a run directory or an MLflow run id (got an empty value)")
+            for name in ("resume", "reproduce")
+            if getattr(cfg, name) is not None and not str(getattr(cfg, name)).strip()]
+
+
+def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str]]:
+    """Keys the schema does not have. Hydra's ``+key=value`` adds a key even to a typed node
+    (it lifts struct mode for the addition), and `OmegaConf.to_object` then sets it as a plain
+    attribute on the dataclass: the run would silently carry, or drop, a misspelt setting."""
+    import dataclasses
+
+    problems = []
+    kind = OmegaConf.get_type(cfg)
+    fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if fields is not None and key not in fields and not (key == "hydra" and not prefix):
+            problems.append((name, f"not a field of the schema ({kind.__name__}); check the spelling"))
+            continue
+        node = cfg._get_node(key)  # noqa: SLF001 (no public accessor that keeps the node's type)
+        if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():  # noqa: SLF001
+            problems += unknown_keys(node, name + ".")
+        elif isinstance(node, ListConfig):
+            for i, item in enumerate(node):
+                if isinstance(item, DictConfig):
+                    problems += unknown_keys(item, f"{name}.{i}.")
+    return problems
 
 
 def check_run_name(name) -> list[tuple[str, str]]:
@@ -77,47 +94,19 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
         value = _get(cfg, name)
         if value not in allowed:
             problems.append((name, f"must be one of {', '.join(allowed)}; got {value!r}"))
-    auto_ints = ["attention.num_heads", "attention.kv_heads_local", "attention.kv_heads_global",
-                 "model.expert_width", "model.latent_dim", "model.shared_width", "train.steps",
-                 "train.micro_batch", "hardware.mesh.data"]
-    if (msg := _auto_or(cfg.train.eval_every, "int", positive=False)) is not None:
-        problems.append(("train.eval_every", msg))
-    for name in auto_ints:
-        if (msg := _auto_or(_get(cfg, name), "int")) is not None:
-            problems.append((name, msg))
-    for name in ["model.init_std", "attention.qk_mult", "optim.lr", "optim.b2", "optim.eps"]:
-        if (msg := _auto_or(_get(cfg, name), "float")) is not None:
-            problems.append((name, msg))
-    positive_ints = ["model.d_model", "model.num_layers", "model.vocab_size", "model.num_experts",
-                     "attention.head_dim", "router.top_k", "train.seq_len", "train.global_batch",
-                     "hardware.nodes", "hardware.tasks_per_node", "hardware.host_devices",
-                     "hardware.mesh.replica_dcn", "hardware.mesh.expert", "hardware.mesh.model"]
-    for name in positive_ints:
-        if _get(cfg, name) < 1:
-            problems.append((name, f"must be ≥ 1; got {_get(cfg, name)}"))
-    for name in ("optim.ns_eps", "attention.qk_norm_eps"):
-        eps = _get(cfg, name)
-        if not derive.is_auto(eps) and not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-            problems.append((name, f"must be a finite number > 0{' or auto' if name.startswith('attention') else ''}; got {eps!r}"))
+    problems += ranges.check(cfg)  # every numeric leaf: finite, int32, its range (marin/config/ranges.py)
+    problems += _empty_refs(cfg)
+    if cfg.dry_run not in (False, True, "json", "compile"):
+        problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
     if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
         problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
                          f"false = none); got {cfg.model.remat!r}"))
     elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
         problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
                          "full or dots; got model.remat none"))
-    if cfg.model.capacity_factor <= 0:
-        problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
-    if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
-        problems.append(("attention.rope_fraction", f"must be in [0, 1]; got {cfg.attention.rope_fraction}"))
-    if cfg.dry_run not in (False, True, "json", "compile"):
-        problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
-    if cfg.train.stop_after is not None and cfg.train.stop_after < 1:
-        problems.append(("train.stop_after", f"must be ≥ 1 or null; got {cfg.train.stop_after}"))
     start, end = cfg.train.stage_start, cfg.train.stage_end
-    if start is not None and not 0.0 <= start < 1.0:
-        problems.append(("train.stage_start", f"must be in [0, 1) (a fraction of the run's steps) or null; got {start}"))
-    elif not (start or 0.0) < end <= 1.0:
-        problems.append(("train.stage_end", f"must be in (train.stage_start, 1]; got {end}"))
+    if start is not None and end is not None and not start < end:
+        problems.append(("train.stage_end", f"must be above train.stage_start ({start}); got {end}"))
     return problems
 
 
@@ -182,10 +171,46 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if t.stage_start is not None and not t.init_seq_len:
         problems.append(("train.stage_start", "only a context-extension stage (train.init_seq_len set) starts mid-run; "
                          f"got {t.stage_start} without train.init_seq_len"))
+    if t.init_from and not cfg.dry_run and (msg := _init_from_problem(t.init_from)):
+        problems.append(("train.init_from", msg))  # a dry run skips site-specific paths, as for data
+    problems += _int32_problems(cfg)
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
     problems += check_data(cfg)
+    return problems
+
+
+def _init_from_problem(path: str) -> str | None:
+    """The starting run must have a complete checkpoint (orbax lists complete ones as step
+    folders; a save in progress is a temporary folder), else it would fail after the run exists."""
+    from marin.config.store import project_path
+
+    where = project_path(path)
+    directory = where if where.name == "checkpoints" else where / "checkpoints"
+    if not where.is_dir():
+        return f"must be an existing run directory; {where} does not exist"
+    if not any(p.name.isdigit() for p in directory.glob("[0-9]*")):
+        return f"{where} has no complete checkpoint under {directory.name}/"
+    return None
+
+
+def _int32_problems(cfg: Config) -> list[tuple[str, str]]:
+    """Sizes whose products the device indexes with int32 (marin/model/dispatch.py, routers.py)."""
+    m, r, t = cfg.model, cfg.router, cfg.train
+    limit = ranges.INT32_MAX
+    problems = []
+    assignments = t.seq_len * t.global_batch * r.top_k   # token→expert assignments per step, summed over devices
+    if assignments > limit:
+        problems.append(("train.global_batch", f"train.seq_len × global_batch × router.top_k must be ≤ {limit} "
+                         f"(int32 counts); got {t.seq_len} × {t.global_batch} × {r.top_k} = {assignments}"))
+    slots = m.num_experts * t.seq_len * t.micro_batch   # expert slots per device: E × C, C ≤ tokens per device
+    if slots > limit:
+        problems.append(("model.num_experts", f"model.num_experts × train.seq_len × train.micro_batch must be ≤ "
+                         f"{limit} (int32 dispatch slots); got {m.num_experts} × {t.seq_len} × {t.micro_batch} = {slots}"))
+    if r.kind == "qb" and m.num_experts * r.qb_bins > limit:
+        problems.append(("router.qb_bins", f"model.num_experts × router.qb_bins must be ≤ {limit} (int32 histogram); "
+                         f"got {m.num_experts} × {r.qb_bins}"))
     return problems
 
 
@@ -196,12 +221,14 @@ def to_config(cfg: DictConfig) -> Config:
 
 def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
     """Validate a composed config; return (composed, resolved) or raise ConfigError."""
+    if isinstance(cfg, DictConfig) and (problems := unknown_keys(cfg)):
+        raise ConfigError(problems)
     composed = to_config(cfg) if isinstance(cfg, DictConfig) else cfg
     problems = check_leaves(composed)
     if problems:
         raise ConfigError(problems)
     resolved = derive.resolve(composed)
-    problems = check_relations(resolved)
+    problems = ranges.check(resolved) or check_relations(resolved)  # derived values must fit too
     if problems:
         raise ConfigError(problems)
     return composed, resolved

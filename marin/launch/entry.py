@@ -2,11 +2,13 @@
 
 validate (no JAX) → dry run, or → create the run record (directory + MLflow run) → train here
 or submit to Slurm. A config error prints one line per bad field and exits with status 2, before
-anything is written. Everything printed goes through marin.track.secrets (secrets masked).
+anything is written. Everything printed goes through marin.track.secrets (secrets masked). A
+closed stdout (`launch.py dry_run=true | head -1`) ends quietly, as other command-line tools do.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from hydra.core.hydra_config import HydraConfig
@@ -36,6 +38,13 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def config_errors(err: ConfigError, prefix: str = "") -> str:
+    """One line for one bad field; a header and one line per field for several."""
+    if len(err.problems) == 1:
+        return f"{prefix}invalid config: {err.problems[0][0]}: {err.problems[0][1]}"
+    return f"{prefix}invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems)
+
+
 def overrides() -> list[str]:
     """The command-line overrides of this job (for the run record and reproduction)."""
     try:
@@ -45,6 +54,17 @@ def overrides() -> list[str]:
 
 
 def dispatch(cfg: DictConfig) -> None:
+    try:
+        _guarded(cfg)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's exit-time flush
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): no traceback, and no second error when Python
+        # flushes stdout at exit (the documented recipe: point stdout at /dev/null).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for tools killed by the closed pipe
+
+
+def _guarded(cfg: DictConfig) -> None:
     setup_logging()
     job_overrides = overrides()
     from marin.track import secrets
@@ -74,7 +94,7 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         else:
             composed, resolved = load(cfg)
     except ConfigError as err:
-        fail("invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+        fail(config_errors(err))
     if resolved.dry_run == "compile":  # compile the real steps for one replica (marin/launch/compile_plan.py)
         from marin.launch.compile_plan import run as compile_run
 

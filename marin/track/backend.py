@@ -69,7 +69,21 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
 def client(uri: str):
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    if not is_sqlite(uri):
+        return MlflowClient(tracking_uri=uri)
+    # MLflow creates (and migrates) a sqlite store's tables when a client first opens it; two
+    # jobs doing that at once collide ("table already exists"). A lock file beside the database
+    # makes the first opening one at a time; later ones find the tables and return at once.
+    import fcntl
+
+    path = sqlite_path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return MlflowClient(tracking_uri=uri)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def experiment_id(mlflow_client, name: str, uri: str) -> str:

@@ -345,5 +345,10 @@ def _from_dir(run_dir: Path, tracking_uri: str | None) -> RunRecord:
         raise RecordError(f"{run_dir}: not a run directory (no {INFO})")
     if not (run_dir / COMPOSED).is_file():
         raise RecordError(f"{run_dir}: the run lacks its config ({COMPOSED})")
-    info = json.loads((run_dir / INFO).read_text())
-    return RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])
+    try:  # a write cut short (disk full, killed) must not become a traceback on resume=/reproduce=
+        info = json.loads((run_dir / INFO).read_text())
+        return RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise RecordError(f"{run_dir / INFO} is damaged or truncated ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); restore it from the MLflow "
+                          f"run's record/ artifacts") from None

@@ -4,7 +4,12 @@ Metrics are buffered and sent in batches (`MlflowClient.log_batch`, no fluent gl
 several runs can live in one process). If the store does not answer, training goes on: the
 metrics stay in memory, one warning is printed, and sending is retried with a growing pause;
 `finish` tries once more and, failing that, leaves them in ``unsent_metrics.jsonl`` in the run
-directory (`python -m marin.track.tracker <run dir>` sends them later). Only process 0 logs.
+directory (`python -m marin.track.tracker <run dir>` sends them later, and the run's final
+status with them). Only process 0 logs.
+
+Every run ends FINISHED, FAILED or KILLED, never left RUNNING: `finish` at the loop's end,
+`end_if_running` when set-up crashes before the loop. A status the store did not take is kept in
+record.json as ``status_unsent`` and sent with the unsent metrics.
 """
 from __future__ import annotations
 
@@ -41,7 +46,9 @@ class Tracker:
         self._pause = self._first_pause = max(flush_every_s, 5.0)  # seconds before a retry; doubles
         self._outage = False
         self._warned_values = False
-        self._call(lambda: self._client.update_run(record.run_id, status="RUNNING"))  # resumed runs reopen
+        if self._call(lambda: self._client.update_run(record.run_id, status="RUNNING")):  # resumed runs reopen
+            if record.info().get("status_unsent"):  # an earlier attempt's status, superseded
+                run_record.update_info(record, status_unsent=None)
 
     # ------------------------------------------------------------------ logging
     def log_metrics(self, metrics: dict, step: int) -> None:
@@ -170,9 +177,14 @@ class Tracker:
         if not self.flush(force=True):
             self._spill()
         ended = self._call(lambda: self._client.set_terminated(self.record.run_id, status))
-        run_record.update_info(self.record, status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        run_record.update_info(self.record, status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               status_unsent=None if ended else status)
         if ended:
             self._call(self._close_parent)
+        else:
+            log.warning("MLflow run %s still shows RUNNING: the store did not take its status %s; "
+                        "send it later with: python -m marin.track.tracker %s", self.record.run_id, status,
+                        self.record.run_dir)
 
     def _close_parent(self) -> None:
         parent_id = self._client.get_run(self.record.run_id).data.tags.get("mlflow.parentRunId")
@@ -202,21 +214,52 @@ def _first_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
+def end_if_running(record: run_record.RunRecord, status: str) -> None:
+    """End a run that is still RUNNING with `status` (FAILED, KILLED): the loop's set-up (mesh,
+    restore, compilation) crashed before its tracker could. Never raises; a store that does not
+    answer gets the status later with the unsent metrics."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {status!r}")
+    try:
+        if record.tracking_uri.startswith(("http://", "https://")):
+            backend.check_reachable(record.tracking_uri, timeout=2.0)
+        client = backend.client(record.tracking_uri)
+        if client.get_run(record.run_id).info.status != "RUNNING":
+            return  # already ended (the loop's tracker did)
+        client.set_terminated(record.run_id, status)
+        sent = True
+    except Exception as err:  # noqa: BLE001 — a crash is already being reported; do not mask it
+        log.warning("could not end MLflow run %s as %s (%s); kept in record.json", record.run_id, status,
+                    _first_line(err))
+        sent = False
+    try:
+        run_record.update_info(record, status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               status_unsent=None if sent else status)
+    except OSError as err:
+        log.warning("could not update %s (%s)", record.path(run_record.INFO), _first_line(err))
+
+
 def send_unsent(record: run_record.RunRecord) -> int:
-    """Send the metrics a finished run left in its directory; returns how many were sent."""
+    """Send what a run left in its directory when the store was away: its metrics, then its
+    final status (the run shows RUNNING until then). Returns how many metrics were sent."""
     from mlflow.entities import Metric
     from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
-    path = record.run_dir / UNSENT
-    if not path.exists():
-        return 0
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows]
     client = backend.client(record.tracking_uri)
-    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-        client.log_batch(record.run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
-    path.rename(path.with_suffix(".sent"))
-    return len(metrics)
+    path = record.run_dir / UNSENT
+    sent = 0
+    if path.exists():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        metrics = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows]
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            client.log_batch(record.run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+        path.rename(path.with_suffix(".sent"))
+        sent = len(metrics)
+    status = record.info().get("status_unsent")
+    if status in STATUSES:
+        client.set_terminated(record.run_id, status)
+        run_record.update_info(record, status_unsent=None)
+    return sent
 
 
 if __name__ == "__main__":

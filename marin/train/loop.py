@@ -28,10 +28,22 @@ class NonFiniteLoss(RuntimeError):
 
 
 def run_local(composed, resolved, overrides) -> dict:
+    from mlflow.exceptions import MlflowException
+
     from marin.data.loader import Loader
     from marin.data.prepare import UnreadableSource
-    from marin.track import record as run_record
+    from marin.launch.entry import fail
+    from marin.track import backend, record as run_record
 
+    out = backend.out_dir(resolved)
+    if (problem := _unwritable(out)) is not None:  # before the data cache or the run is written there
+        fail(f"run.out_dir: cannot write to {out}: {problem}")
+    uri = backend.tracking_uri(resolved)
+    if not backend.is_sqlite(uri):  # a sqlite store is made under run.out_dir by record.create
+        try:
+            backend.check_reachable(uri)
+        except backend.TrackingUnavailable as err:
+            fail(f"tracking.uri: {err}")
     try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
         loader = Loader(resolved)
     except (UnreadableSource, ValueError, OSError) as err:
@@ -43,13 +55,32 @@ def run_local(composed, resolved, overrides) -> dict:
         if (why := check_host_memory()) is not None:
             print(f"error: {why}", file=sys.stderr)
             sys.exit(2)
-    rec = run_record.create(composed, resolved, overrides)
+    try:  # all or nothing: a failure leaves no directory and no MLflow run
+        rec = run_record.create(composed, resolved, overrides)
+    except (backend.TrackingUnavailable, MlflowException, OSError) as err:
+        fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {str(err).splitlines()[0]}")
     print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
     try:
         return train(resolved, rec, loader)
     except NonFiniteLoss as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
+
+
+def _unwritable(path) -> str | None:
+    """Why `path` (existing or to be made) cannot be written, or None. Nothing is created."""
+    from pathlib import Path
+
+    path = Path(path)
+    while not path.exists():
+        if path.is_symlink() or path.parent == path:
+            return f"{path} cannot be created"
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
 
 
 def enable_compilation_cache(cfg) -> None:
@@ -68,9 +99,23 @@ def train(cfg, rec, loader=None, on_restored=None) -> dict:
     """Train the run of `rec`, from its newest checkpoint if it has one. `on_restored(step)` is
     called once the checkpoint is restored (resume= records the resume only then).
 
-    Endings: FINISHED; FAILED on an exception (a failed restore included); KILLED on SIGINT, or
-    SIGTERM outside Slurm: checkpoint, one line with the resume= command, SystemExit(128 + signal).
-    Under Slurm, SIGTERM / SIGUSR2 checkpoint and requeue (the MLflow run stays open)."""
+    Endings: FINISHED; FAILED on an exception (a failed restore or set-up included); KILLED on
+    SIGINT, or SIGTERM outside Slurm: checkpoint, one line with the resume= command,
+    SystemExit(128 + signal). Under Slurm, SIGTERM / SIGUSR2 checkpoint and requeue (a SystemExit:
+    the MLflow run stays open on purpose)."""
+    try:
+        return _run(cfg, rec, loader, on_restored)
+    except (Exception, KeyboardInterrupt) as err:
+        import jax
+
+        from marin.track.tracker import end_if_running
+
+        if jax.process_index() == 0:
+            end_if_running(rec, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+
+
+def _run(cfg, rec, loader, on_restored) -> dict:
     import jax
 
     enable_compilation_cache(cfg)

@@ -32,17 +32,79 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("overrides,needle", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_input_is_rejected_before_anything_is_written(tmp_path, overrides, needle):
+# Refused by marin itself: exactly one line on stderr, exit status 2 (every numeric leaf is
+# walked in-process by test_numeric_leaves.py; these prove the command-line behaviour). Each is
+# tiny and one step, or a dry run, so that code which wrongly accepts it fails fast.
+ONE_LINE = [
+    (["model.capacity_factor=nan"], "model.capacity_factor"),
+    (["model.num_experts=1000000000", "router=softmax_aux", "dry_run=true"], "model.num_experts"),
+    (["+train.stepz=5"], "train.stepz"),
+    (["resume="], "resume"),
+    (["train.init_from=/nonexistent/run"], "train.init_from"),
+]
+
+
+def _launch(tmp_path, *overrides, **kwargs):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["HYDRA_FULL_ERROR"] = "0"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *overrides, f"run.out_dir={tmp_path / 'out'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    streams = kwargs or {"capture_output": True}
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], cwd=tmp_path, env=env,
+                          text=True, timeout=120, **streams)
+
+
+@pytest.mark.parametrize("overrides,needle", ONE_LINE, ids=[" ".join(c[0]) for c in ONE_LINE])
+def test_bad_value_is_one_line_exit_2_nothing_written(tmp_path, overrides, needle):
+    proc = _launch(tmp_path, "model=tiny", "train.steps=1", *overrides, f"run.out_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and needle in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
+
+
+@pytest.mark.parametrize("overrides,needle", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_rejected_before_anything_is_written(tmp_path, overrides, needle):
+    proc = _launch(tmp_path, *overrides, f"run.out_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2, proc.stderr  # Hydra's composition errors too (launch.py)
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
+
+
+def _one_line(proc, needle):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("[")]  # log lines: "[time name]"
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_out_dir_and_unreachable_store_are_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    _one_line(_launch(tmp_path, "model=tiny", f"run.out_dir={tmp_path / 'afile' / 'out'}"), "run.out_dir")
+    _one_line(_launch(tmp_path, "model=tiny", f"run.out_dir={tmp_path / 'out'}", "tracking.uri=http://127.0.0.1:9"),
+              "tracking.uri")
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"], "something was written"
+
+
+@pytest.mark.parametrize("key", ["resume", "reproduce"])
+def test_truncated_record_json_is_one_line(tmp_path, key):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "composed.yaml").write_text("model: {}\n")
+    (run / "record.json").write_text('{"run_id": "abc", "tracking_')
+    _one_line(_launch(tmp_path, f"{key}={run}", f"run.out_dir={tmp_path / 'out'}"), "record.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    """`launch.py dry_run=true | head -1`: the reader is gone before the plan is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = _launch(tmp_path, "model=tiny", "dry_run=true", f"run.out_dir={tmp_path / 'out'}",
+                       stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 141
 
 
 def test_a_context_extension_stage_needs_its_starting_checkpoint():
