@@ -203,7 +203,7 @@ def test_uri_password_and_secret_overrides_are_not_printed(tmp_path):
                            "tracking.uri=http://alice:uripw-5521@127.0.0.1:9", "+hardware.env.HF_TOKEN=clitok-7730",
                            f"run.out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)
-    assert done.returncode == 1
+    assert done.returncode == 2  # checked before anything is written, like any bad field
     assert "not reachable" in done.stderr and "Traceback" not in done.stderr
     assert "uripw-5521" not in done.stdout + done.stderr and "clitok-7730" not in done.stdout + done.stderr
     assert not (tmp_path / "out" / "runs").exists()

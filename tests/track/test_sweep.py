@@ -82,7 +82,7 @@ def test_a_bad_job_stops_the_multirun_before_anything(tmp_path):
                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: job 2/2 (optim.lr=-1): optim.lr: expected 'auto' or a positive number, got -1"]
+        "error: job 2/2 (optim.lr=-1): optim.lr: must be 'auto' or a finite number > 0; got -1"]
     assert not list(tmp_path.iterdir())
 
 
@@ -96,8 +96,8 @@ def test_check_jobs_names_each_bad_job():
     jobs = [Job(i, o, task=compose_dict("model=tiny", *o), label=label) for i, (o, label) in enumerate(zip(grid, labels(grid)))]
     assert [j.slurm for j in jobs] == [True, True, True]
     lines = check_jobs(jobs)
-    assert lines == ["job 2/3 (optim.lr=-2): optim.lr: expected 'auto' or a positive number, got -2",
-                     "job 3/3 (train.seq_len=0): train.seq_len: must be ≥ 1; got 0"]
+    assert lines == ["job 2/3 (optim.lr=-2): optim.lr: must be 'auto' or a finite number > 0; got -2",
+                     "job 3/3 (train.seq_len=0): train.seq_len: must be an integer in [1, 2147483647]; got 0"]
     assert jobs[0].resolved.optim.lr == 1e-3 and jobs[1].resolved is None
 
 
