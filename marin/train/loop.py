@@ -63,6 +63,7 @@ def train(cfg, rec, loader=None) -> dict:
     from marin.launch.mesh import make_mesh
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
+    from marin.track.expert_load import ExpertLoadLog
     from marin.track.tracker import Tracker
     from marin.train import preempt
     from marin.train.checkpoint import Checkpointer, restore_from
@@ -126,6 +127,7 @@ def train(cfg, rec, loader=None) -> dict:
         return losses
 
     progress = _progress(start, stop, process == 0)
+    loads = ExpertLoadLog(rec.run_dir, start, total, cfg.train.log_every, enabled=process == 0)
     pending = None  # (step, metrics on device, wall time at dispatch)
     last_time = time.perf_counter()
     summary = {}
@@ -150,6 +152,8 @@ def train(cfg, rec, loader=None) -> dict:
             row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
         if step % cfg.train.log_every == 0 or step == stop - 1:
             tracker.log_metrics(row, step)
+        if "expert_load" in metrics and loads.wants(step, last=step == stop - 1):
+            loads.add(step, metrics["expert_load"])
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 
@@ -189,8 +193,22 @@ def train(cfg, rec, loader=None) -> dict:
         return summary
     finally:
         progress.close()
+        loads.save()
         if status is not None:
             tracker.finish(status)
+            _report(rec, process)
+
+
+def _report(rec, process: int) -> None:
+    """The run's HTML report (marin/report.py) into its directory and MLflow; never fails the run."""
+    if process != 0:
+        return
+    try:
+        from marin import report
+
+        report.write_run_report(rec, log_to_mlflow=True)
+    except Exception as err:  # a report is a convenience: the run's outcome stands without it
+        log.warning("run report not written (%s: %s)", type(err).__name__, err)
 
 
 class _progress:
