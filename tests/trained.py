@@ -29,11 +29,12 @@ def tiny_run(tmp_path_factory):
     return _made["run"]
 
 
-def untrained_run(tmp_path):
-    """A run record with no checkpoint (made, never trained)."""
+def untrained_run(tmp_path_factory):
+    """A run record with no checkpoint (made, never trained), beside the shared run (same store:
+    making a new MLflow store's tables takes seconds)."""
     from marin.config.validate import load
     from marin.track import record
 
-    overrides = overrides_for(tmp_path)
+    overrides = overrides_for(tiny_run(tmp_path_factory)[0].run_dir.parent.parent)
     composed, cfg = load(compose_dict(*overrides))
     return record.create(composed, cfg, overrides)
