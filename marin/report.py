@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from marin.cli import Parser, fail
-from marin.track import backend, expert_load, record, sweep
+from marin.track import backend, expert_load, record, secrets, sweep
 
 REPORT = "report.html"
 # The forecast hook: a run that has these metrics (logged by whoever registers a forecast for it,
@@ -97,8 +97,15 @@ def _line(ax, series: Series, label: str, **kw) -> None:
     ax.plot(steps, values, label=label, marker="o" if len(steps) < 3 else None, markersize=3, **kw)
 
 
-def _finish(ax, ylabel: str, legend: bool = True, log: bool = False) -> None:
+def _steps_axis(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))  # steps are whole
     ax.set_xlabel("step")
+
+
+def _finish(ax, ylabel: str, legend: bool = True, log: bool = False) -> None:
+    _steps_axis(ax)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if log:
@@ -173,7 +180,7 @@ def plot_per_layer(series: dict[int, Series], ylabel: str) -> str | None:
                       extent=(steps[0], steps[-1] + 1, layers[0] - 0.5, layers[-1] + 0.5))
     fig.colorbar(image, ax=ax, label=ylabel)
     ax.set_ylabel("layer")
-    ax.set_xlabel("step")
+    _steps_axis(ax)
     return _png(fig)
 
 
@@ -183,7 +190,7 @@ def plot_expert_load(steps: np.ndarray, load: np.ndarray) -> str:
     chosen = sorted(set(np.linspace(0, n_layers - 1, min(n_layers, HEATMAP_LAYERS)).round().astype(int)))
     fig, axes = _figure(len(chosen), 1, height=2.4)
     relative = load * n_experts
-    top = max(2.0, float(np.nanmax(relative)))
+    top = max(2.0, float(np.nanpercentile(relative, 99)))  # a few hot cells do not wash the rest out
     width = steps[-1] - steps[-2] if len(steps) > 1 else 1
     for ax, layer in zip(axes[:, 0], chosen):
         image = ax.imshow(relative[:, layer, :].T, aspect="auto", origin="lower", interpolation="nearest",
@@ -192,7 +199,7 @@ def plot_expert_load(steps: np.ndarray, load: np.ndarray) -> str:
         ax.set_title(f"layer {layer}", fontsize=9)
         ax.set_ylabel("expert")
         fig.colorbar(image, ax=ax, label="load × E")
-    axes[-1, 0].set_xlabel("step")
+    _steps_axis(axes[-1, 0])
     return _png(fig)
 
 
@@ -206,7 +213,8 @@ padding:.25em .6em;text-align:left;vertical-align:top}th{background:#f4f4f4}code
 
 
 def _esc(value) -> str:
-    return html.escape("" if value is None else str(value))
+    """Text for the page: secrets this process knows of masked (marin.track.secrets), then escaped."""
+    return html.escape(secrets.mask("" if value is None else str(value)))
 
 
 def _num(value, fmt: str = ".4f") -> str:
