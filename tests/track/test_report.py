@@ -130,3 +130,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
         report.main(["--help"])
     assert done.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        report.main([])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1

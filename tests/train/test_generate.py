@@ -98,3 +98,7 @@ def test_a_run_without_checkpoints_is_one_line_exit_2(tmp_path_factory, tmp_path
     assert sorted(p.name for p in rec.run_dir.rglob("*")) == before
     assert generate.main([str(tmp_path / "nowhere"), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit) as done:  # neither --prompt nor --prompt-ids
+        generate.main([str(rec.run_dir)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
