@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         model = load(rec, cfg)
     except NoCheckpointError as err:
         return fail(f"run {rec.run_dir.name}: {err}")
+    except Exception as err:  # a checkpoint of another model layout (the code changed since), a damaged file
+        return fail(f"run {rec.run_dir.name}: cannot restore its checkpoint ({type(err).__name__}: {err})")
     new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                    stop_at_eos=not args.ignore_eos)
     text = model.tokenizer.decode(prompt + new)
