@@ -79,6 +79,19 @@ def test_snapshot_cadence_is_bounded_and_on_logged_steps():
     assert every % 10 == 0 and 390_251 / every <= expert_load.MAX_SNAPSHOTS
 
 
+def test_a_resumed_run_keeps_the_snapshots_before_its_start(tmp_path):
+    first = expert_load.ExpertLoadLog(tmp_path, start=0, total_steps=10, log_every=1)
+    for step in range(4):
+        first.add(step, np.full((2, 4), 0.25 + step))
+    first.save()
+    resumed = expert_load.ExpertLoadLog(tmp_path, start=2, total_steps=10, log_every=1)  # resumes at step 2
+    resumed.add(2, np.full((2, 4), 9.0))
+    resumed.save()
+    steps, load = expert_load.read(tmp_path)
+    assert list(steps) == [0, 1, 2] and load[:, 0, 0].tolist() == [0.25, 1.25, 9.0]
+    assert not expert_load.ExpertLoadLog(tmp_path / "x", 0, 10, 1, enabled=False).wants(0)
+
+
 def test_forecast_band_is_drawn_when_the_run_has_one(run, tmp_path):
     rec, _ = run
     client = MlflowClient(rec.tracking_uri)
