@@ -1,5 +1,6 @@
-"""What the run tools (`marin.status`, `marin.diff`, `marin.forecast`) share on the command line:
-`--help` from argparse, and every error as one line on stderr with exit status 2."""
+"""What the run tools (`marin.status`, `marin.diff`, `marin.forecast`, `marin.report`,
+`marin.generate`) share on the command line: `--help` from argparse, and every error as one line
+on stderr with exit status 2."""
 from __future__ import annotations
 
 import argparse

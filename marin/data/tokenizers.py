@@ -2,7 +2,8 @@
 `tokenizer.json` through the `tokenizers` library.
 
 Both expose `vocab_size`, `eos_id` (appended after every document; None = none), `fingerprint`
-(part of the preparation cache key) and `encode_batch(texts) -> list of uint32 arrays`.
+(part of the preparation cache key), `encode_batch(texts) -> list of uint32 arrays` and
+`decode(ids) -> str` (for `marin.generate`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class ByteTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint32) for t in texts]
 
+    def decode(self, ids) -> str:
+        """Text of byte ids; the end-of-document and pad ids are left out, broken UTF-8 is replaced."""
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
 
 class JsonTokenizer:
     """A `tokenizer.json` (Hugging Face `tokenizers` format), encoded without special tokens."""
@@ -47,6 +52,9 @@ class JsonTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         encoded = self._tok.encode_batch(texts, add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def tokenizer_path(spec: str) -> Path:

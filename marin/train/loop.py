@@ -142,6 +142,8 @@ def _run(cfg, rec, loader, on_restored) -> dict:
     finally:
         if status is not None:
             tracker.finish(status)
+            if jax.process_index() == 0:
+                _report(rec)
 
 
 def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
@@ -153,6 +155,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.launch.mesh import make_mesh
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
+    from marin.track.expert_load import ExpertLoadLog
     from marin.train import preempt
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
@@ -216,6 +219,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         return losses
 
     progress = _progress(start, stop, process == 0)
+    loads = ExpertLoadLog(rec.run_dir, start, total, cfg.train.log_every, enabled=process == 0)
     pending = None  # (step, metrics on device, wall time at dispatch)
     last_time = time.perf_counter()
     summary = {}
@@ -244,6 +248,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
             row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
         if step % cfg.train.log_every == 0 or step == stop - 1:
             tracker.log_metrics(row, step)
+        if "expert_load" in metrics and loads.wants(step, last=step == stop - 1):
+            loads.add(step, metrics["expert_load"])
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 
@@ -288,6 +294,17 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     finally:
         progress.close()
         ckpt.close()
+        loads.save()
+
+
+def _report(rec) -> None:
+    """The run's HTML report (marin/report.py) into its directory and MLflow; never fails the run."""
+    try:
+        from marin import report
+
+        report.write_run_report(rec, log_to_mlflow=True)
+    except Exception as err:  # a report is a convenience: the run's outcome stands without it
+        log.warning("run report not written (%s: %s)", type(err).__name__, err)
 
 
 class _progress:

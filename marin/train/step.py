@@ -69,6 +69,7 @@ def make_train_step(cfg, tx, mesh):
         out["dropped_frac_per_layer"] = metrics["router"]["dropped_frac"]
         out["load_spread_per_layer"] = jax.vmap(lambda load: transformer.load_spread(load[None]))(
             metrics["router"]["load"])
+        out["expert_load"] = metrics["router"]["load"]  # [L, E]: snapshots for the run report
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                                   router_state=router_state)
         return new_state, out

@@ -1,0 +1,150 @@
+"""The run report: written at the end of a run into its directory and MLflow, self-contained
+(plots as data: PNGs, nothing fetched), with the forecast hook; a sweep's page; bad input."""
+import base64
+import json
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from marin import report
+from marin.track import expert_load
+from tests.trained import tiny_run
+
+RUN_SECTIONS = {"summary", "losses", "learning-rate", "grad-norm", "dropped", "expert-load", "throughput"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class Page(HTMLParser):
+    """Section ids, <img> sources and every src/href of a page."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.sections, self.images, self.links, self.text = [], [], [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self.sections.append(attrs.get("id"))
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        self.links += [v for k, v in attrs.items() if k in ("src", "href") and v]
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def check_self_contained(page: Page) -> None:
+    assert page.images
+    for src in page.images:
+        head, _, data = src.partition(",")
+        assert head == "data:image/png;base64", head
+        assert base64.b64decode(data, validate=True).startswith(PNG)
+    assert not [link for link in page.links if link.lower().startswith(("http://", "https://", "//"))]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return tiny_run(tmp_path_factory)
+
+
+def test_a_run_ends_with_its_report_in_the_directory_and_mlflow(run, tmp_path):
+    rec, cfg = run
+    path = rec.run_dir / report.REPORT
+    page = Page(path.read_text())
+    assert RUN_SECTIONS <= set(page.sections)
+    # every section but the forecast note has a plot: 6 sections with data + the throughput plot
+    assert len(page.images) >= len(RUN_SECTIONS) - 1
+    check_self_contained(page)
+    assert "FINISHED" in "".join(page.text)
+    artifacts = {a.path for a in MlflowClient(rec.tracking_uri).list_artifacts(rec.run_id)}
+    assert {report.REPORT, expert_load.FILE} <= artifacts
+    downloaded = MlflowClient(rec.tracking_uri).download_artifacts(rec.run_id, report.REPORT, str(tmp_path))
+    assert Page(open(downloaded).read()).sections == page.sections
+
+
+def test_expert_load_snapshots_are_fractions_per_layer(run):
+    rec, cfg = run
+    steps, load = expert_load.read(rec.run_dir)
+    assert list(steps) == list(range(cfg.train.steps))  # log_every 1, a short run: every step
+    assert load.shape == (cfg.train.steps, cfg.model.num_layers, cfg.model.num_experts)
+    np.testing.assert_allclose(load.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_snapshot_cadence_is_bounded_and_on_logged_steps():
+    assert expert_load.cadence(1, 100) == 1
+    every = expert_load.cadence(10, 390_251)  # the hero run's horizon
+    assert every % 10 == 0 and 390_251 / every <= expert_load.MAX_SNAPSHOTS
+
+
+def test_a_resumed_run_keeps_the_snapshots_before_its_start(tmp_path):
+    first = expert_load.ExpertLoadLog(tmp_path, start=0, total_steps=10, log_every=1)
+    for step in range(4):
+        first.add(step, np.full((2, 4), 0.25 + step))
+    first.save()
+    resumed = expert_load.ExpertLoadLog(tmp_path, start=2, total_steps=10, log_every=1)  # resumes at step 2
+    resumed.add(2, np.full((2, 4), 9.0))
+    resumed.save()
+    steps, load = expert_load.read(tmp_path)
+    assert list(steps) == [0, 1, 2] and load[:, 0, 0].tolist() == [0.25, 1.25, 9.0]
+    assert not expert_load.ExpertLoadLog(tmp_path / "x", 0, 10, 1, enabled=False).wants(0)
+
+
+def test_forecast_band_is_drawn_when_the_run_has_one(run, tmp_path):
+    rec, _ = run
+    client = MlflowClient(rec.tracking_uri)
+    before = Page((rec.run_dir / report.REPORT).read_text())
+    assert "no registered forecast" in "".join(before.text)
+    for step in (0, 2, 4):
+        client.log_metric(rec.run_id, report.FORECAST["predicted"], 6.0 - 0.1 * step, step=step)
+        client.log_metric(rec.run_id, report.FORECAST["lower"], 5.8 - 0.1 * step, step=step)
+        client.log_metric(rec.run_id, report.FORECAST["upper"], 6.2 - 0.1 * step, step=step)
+    out = tmp_path / "with_forecast.html"
+    assert report.main([str(rec.run_dir), "--out", str(out), "--no-log"]) == 0
+    after = Page(out.read_text())
+    assert "no registered forecast" not in "".join(after.text)
+    check_self_contained(after)
+    assert after.images[0] != before.images[0]  # the loss plot (the first) changed
+
+
+def test_a_sweeps_jobs_side_by_side(run, tmp_path, capsys):
+    rec, _ = run
+    client = MlflowClient(rec.tracking_uri)
+    exp = client.get_run(rec.run_id).info.experiment_id
+    parent = client.create_run(exp, tags={"sweep": "lr_grid", "sweep_id": "abc", "sweep_role": "parent",
+                                          "sweep_dir": str(tmp_path / "lr_grid-abc"),
+                                          "sweep_params": json.dumps({"optim.lr": ["1e-3", "3e-3"]})}).info.run_id
+    for lr in ("1e-3", "3e-3"):
+        kid = client.create_run(exp, tags={"mlflow.parentRunId": parent, "sweep_role": "child",
+                                           "sweep_overrides": json.dumps([f"optim.lr={lr}"])}).info.run_id
+        for step in range(3):
+            client.log_metric(kid, "train/loss", 5 - step * float(lr) * 100, step=step)
+        client.log_metric(kid, "eval/macro_loss", 4.5, step=3)
+        client.set_terminated(kid, "FINISHED")
+    out_dir = rec.run_dir.parent.parent
+    assert report.main([parent, "--tracking-uri", rec.tracking_uri, "--out-dir", str(out_dir)]) == 0
+    path = capsys.readouterr().out.split("report: ", 1)[1].strip()
+    assert path == str(tmp_path / "lr_grid-abc" / report.REPORT)
+    page = Page(open(path).read())
+    assert {"summary", "jobs", "losses", "eval-losses"} <= set(page.sections)
+    text = "".join(page.text)
+    assert "lr=1e-3" in text and "lr=3e-3" in text and "optim.lr=3e-3" in text
+    check_self_contained(page)
+    assert report.REPORT in {a.path for a in client.list_artifacts(parent)}
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+    with pytest.raises(SystemExit) as done:
+        report.main(["--help"])
+    assert done.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        report.main([])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
