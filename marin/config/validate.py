@@ -15,6 +15,7 @@ from marin.config.schema import Config
 CHOICES = {
     "model.dispatch": ("sort", "ragged_dot", "dense"),
     "model.eval_dispatch": ("waves", "unbounded"),
+    "model.ep_transport": ("fixed", "pooled", "ragged"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "router.kind": ("qb", "softmax_aux", "bias_update"),
     "router.combine": ("sigmoid", "softmax"),
@@ -89,8 +90,15 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     for name in positive_ints:
         if _get(cfg, name) < 1:
             problems.append((name, f"must be ≥ 1; got {_get(cfg, name)}"))
-    if cfg.model.capacity_factor <= 0:
-        problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
+    for name in ("model.capacity_factor", "model.ep_send_capacity_factor", "model.ep_recv_capacity_factor"):
+        value = _get(cfg, name)
+        if not value > 0 or value == float("inf"):  # NaN fails `> 0` too
+            problems.append((name, f"must be a finite number > 0; got {value}"))
+    if cfg.model.ep_waves < 1:
+        problems.append(("model.ep_waves", f"must be ≥ 1; got {cfg.model.ep_waves}"))
+    if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, "compile"):
+        problems.append(("model.ep_transport", "ragged needs a GPU (XLA:CPU cannot compile or run "
+                         "ragged_all_to_all): use fixed or pooled on CPU, or dry_run=true to plan"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:
         problems.append(("attention.rope_fraction", f"must be in [0, 1]; got {cfg.attention.rope_fraction}"))
     if cfg.dry_run not in (False, True, "json", "compile"):
