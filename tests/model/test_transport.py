@@ -138,14 +138,16 @@ def lower_hero_ragged() -> dict:
 
     cfg = make_config("experiment=mochi_535b_a23b", "hardware=gb200_nvl72", "hardware.platform=cpu",
                       "hardware.launcher=local", "hardware.nodes=1", "hardware.tasks_per_node=1",
-                      "hardware.gpus_per_node=0", "hardware.host_devices=64", "train.global_batch=64",
-                      "train.micro_batch=1", "model.ep_transport=ragged", "dry_run=true")
+                      "hardware.gpus_per_node=0", "hardware.host_devices=64", "train.global_batch=1024",
+                      "model.ep_transport=ragged", "dry_run=true")   # one rack: 16 × 4,096 tokens per device
     tx = build_optimizer(cfg)
     state = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
     shape = (cfg.train.global_batch, cfg.train.seq_len)
-    batch = {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32), "targets": jax.ShapeDtypeStruct(shape, jnp.int32)}
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32)
+             for k in ("inputs", "targets", "segment_ids", "loss_mask")}
     text = jax.jit(make_train_step(cfg, tx, make_mesh(cfg))).lower(state, batch).as_text()
-    return {"devices": jax.device_count(), "ragged_calls": text.count("@ragged_all_to_all"),
+    return {"devices": jax.device_count(), "tokens_per_device": cfg.train.micro_batch * cfg.train.seq_len,
+            "ragged_calls": text.count("@ragged_all_to_all"),
             "layers": cfg.model.num_layers, "experts": cfg.model.num_experts, "mesh_expert": cfg.hardware.mesh.expert}
 
 
@@ -153,6 +155,7 @@ def lower_hero_ragged() -> dict:
 def test_hero_train_step_lowers_with_the_ragged_transport():
     r = _subprocess(64, "hero")
     assert r["devices"] == 64 and r["mesh_expert"] == 64 and r["experts"] == 384, r
+    assert r["layers"] == 48 and r["tokens_per_device"] == 16 * 4096, r
     # forward there and back, and the transposes in the backward pass (layers are one scan)
     assert r["ragged_calls"] >= 4, r
 
