@@ -160,6 +160,27 @@ def test_hero_train_step_lowers_with_the_ragged_transport():
     assert r["ragged_calls"] >= 4, r
 
 
+# --- evaluation with drops -----------------------------------------------------------------------
+
+def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one():
+    from marin.launch.mesh import make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import init_state
+    from marin.train.step import make_eval_step
+    from tests.train.test_step import batch_of
+
+    base = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "model.capacity_factor=0.25"]
+    plain, with_drops = make_config(*base), make_config(*base, "train.eval_with_drops=true")
+    state = init_state(plain, build_optimizer(plain), jax.random.key(0))
+    batch = batch_of(plain)
+    a = jax.jit(make_eval_step(plain, make_mesh(plain)))(state, batch)
+    b = jax.jit(make_eval_step(with_drops, make_mesh(with_drops)))(state, batch)
+    assert set(a) == {"loss"} and set(b) == {"loss", "loss_dropped"}
+    gap = abs(float(b["loss_dropped"]) - float(b["loss"]))
+    assert abs(float(a["loss"]) - float(b["loss"])) <= 1e-6 * float(a["loss"]), (a, b)  # stays dropless
+    assert gap > 1e-4, (a, b)                  # cf 0.25 drops most assignments (noise ~1e-6)
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override,field", [
