@@ -117,7 +117,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         backend.check_reachable(rec.tracking_uri)
     except backend.TrackingUnavailable as err:
         fail(f"resume: {err}")
-    _note_resume(rec, earlier, new, changes, composed, resolved)
+    _note_resume(rec, earlier, new, changes, composed, resolved, step=steps[-1] if steps else 0)
 
     if slurm:
         job = slurm_launch.submit_record(composed, resolved, rec)
@@ -133,7 +133,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
     train(resolved, rec)
 
 
-def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved) -> None:
+def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:
     """record.json's resume list; with changes, the new config beside the old and in MLflow."""
     from marin.track import backend, record
 
@@ -155,6 +155,11 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
         client.set_tag(rec.run_id, f"resume_{n}", record._tag_value(_describe(changes)))  # noqa: SLF001
         if "schedule.horizon_steps" in changes or "train.steps" in changes:
             client.set_tag(rec.run_id, "horizon_steps", str(resolved.schedule.horizon_steps or resolved.train.steps))
+        if any(k.startswith("model.ep_") or k == "model.capacity_factor" for k in changes):
+            m = resolved.model  # a transport switch (spec §6: pooled waves → ragged at step 81,716)
+            client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
+                           f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
+                           f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
         log.info("resume %d changes %s", n, _describe(changes))
     client.set_tag(rec.run_id, "resumes", str(n))
     record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

@@ -181,6 +181,30 @@ def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one
     assert gap > 1e-4, (a, b)                  # cf 0.25 drops most assignments (noise ~1e-6)
 
 
+# --- a transport switch at resume= ---------------------------------------------------------------
+
+def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
+    """The hero's story line: `resume=<run> model.ep_transport=ragged` continues the same state
+    (the transport changes no parameter) and records the switch as a tag with the step."""
+    from mlflow import MlflowClient
+
+    from marin.launch.resume import _note_resume, changes_between
+    from marin.track import record
+
+    where = [f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "model=tiny"]
+    before = make_config(*where, "model.ep_transport=pooled")
+    after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")
+    rec = record.create(before, before, [])
+    changes = changes_between(record.config_dict(before), record.config_dict(after))
+    assert changes["model.ep_transport"] == ["pooled", "ragged"]
+    _note_resume(rec, [], ["model.ep_transport=ragged"], changes, after, after, step=81716)
+    tags = MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.tags
+    assert tags["ep_transport"].startswith("ragged from step 81716"), tags
+    assert "model.ep_transport: pooled → ragged" in tags["resume_1"]
+    assert json.loads((rec.run_dir / "record.json").read_text())["resumes"][0]["changes"]["model.ep_transport"] == [
+        "pooled", "ragged"]
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override,field", [
