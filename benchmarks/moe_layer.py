@@ -60,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
     p.add_argument("--matmul", type=int, default=2048, help="N of the paired f32 N³ matmul")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
-    p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host devices")
+    p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host CPU devices")
     p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled, comma list")
     p.add_argument("--waves", type=int, default=3, help="pooled: model.ep_waves")
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
@@ -180,7 +180,8 @@ def transports_main(a):
             times[name].append(time_once(fn, args))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     first = next(iter(steps))
-    print(f"backend {jax.default_backend()}, {devices} devices (data 2 × expert {devices // 2}), jax {jax.__version__}; "
+    print(f"backend {jax.default_backend()}, {devices} devices (data 2 × expert {devices // 2}), "
+          f"jax {jax.__version__}; "
           f"T={a.tokens} d={a.d} ℓ={a.latent} I={a.width} E={a.experts} k={a.top_k} cf={a.capacity_factor} "
           f"waves={a.waves} skew={a.skew} dtype={a.dtype}")
     print(f"{'transport':<12}{'ms':>9}{'vs ' + first:>12}{'dropped':>10}")
