@@ -181,6 +181,24 @@ def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one
     assert gap > 1e-4, (a, b)                  # cf 0.25 drops most assignments (noise ~1e-6)
 
 
+@pytest.mark.slow
+def test_loop_logs_the_dropped_loss_beside_the_dropless_one_with_the_pooled_transport(tmp_path):
+    from mlflow import MlflowClient
+
+    from marin.train.loop import train
+    from tests.train.test_loop import start
+
+    cfg, rec = start(tmp_path, "train.steps=2", "train.eval_with_drops=true", "model.ep_transport=pooled",
+                     "model.capacity_factor=0.5", "model.ep_recv_capacity_factor=0.25", "model.ep_waves=1")
+    summary = train(cfg, rec)
+    dropped = {k: v for k, v in summary.items() if k.endswith("/loss_dropped")}
+    dropless = {k: v for k, v in summary.items() if k.endswith("/loss") and k != "eval/macro_loss"}
+    assert dropped and len(dropped) == len(dropless), summary
+    assert summary["eval/macro_loss"] == pytest.approx(sum(dropless.values()) / len(dropless))
+    assert any(abs(dropped[k + "_dropped"] - v) > 1e-5 for k, v in dropless.items()), summary
+    assert set(dropped) <= set(MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.metrics)
+
+
 # --- a transport switch at resume= ---------------------------------------------------------------
 
 def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
