@@ -11,6 +11,10 @@ benchmarks/README.md (moe_layer.py) for why this formulation (1.5× a dense MLP 
 Evaluation is dropless without an [E, T, ℓ] buffer: `wave_dispatch` reuses the training buffer for
 queue positions [0, C), [C, 2C), ... until every expert's queue is done (`model.eval_dispatch`).
 
+The training pass moves tokens by `model.ep_transport` (`local_transport` on one device,
+`expert_parallel.py` across devices): `fixed` is `sort_dispatch`; `pooled_dispatch` pools the
+capacities (per peer sent, per expert received) and sends overflow in a static number of waves.
+
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.
 """
