@@ -14,17 +14,28 @@ down/up) + 2·3·ℓ·k·I (k experts) + 2·3·d·I_s·S (shared)]. Targets (spe
 moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The last column is XLA's
 compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch).
 
+With `--ep-devices 8` it instead compares the expert-parallel training transports on 8 forced host
+devices (mesh data 2 × expert 4): `moe[fixed]` against `moe[pooled]` (same capacity factor for
+C, S and R; `--waves` waves), forward + backward, reporting median ms, the time ratio and the
+dropped fraction of assignments. `--skew` shifts each device's tokens by its own random
+direction (a per-device topic), so each device favours a few experts, as real batches do.
+
 Needs only jax, flax, optax and numpy (plus this repository on the path).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_pre = argparse.ArgumentParser(add_help=False)
+_pre.add_argument("--ep-devices", type=int, default=0)
+if (_ep := _pre.parse_known_args()[0].ep_devices) > 1:  # forced host devices: before JAX starts
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_ep}"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -49,6 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
     p.add_argument("--matmul", type=int, default=2048, help="N of the paired f32 N³ matmul")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
+    p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host CPU devices")
+    p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled, comma list")
+    p.add_argument("--waves", type=int, default=3, help="pooled: model.ep_waves")
+    p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
     return p.parse_args(argv)
 
 
@@ -132,8 +147,52 @@ def time_once(fn, args) -> float:
     return time.perf_counter() - start
 
 
+def transports_main(a):
+    """Expert-parallel transports on forced host devices, one run: time and drop rate."""
+    from marin.launch.mesh import make_mesh
+
+    devices = jax.device_count()
+    key_x, key_v, key_p = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(key_x, (devices, a.tokens // devices, a.d), jnp.float32)
+    x = (x + a.skew * jax.random.normal(key_v, (devices, 1, a.d))).reshape(a.tokens, a.d)
+    steps = {}
+    for transport in a.transports.split(","):
+        cfg = make_cfg(a, "sort")
+        m = cfg.model
+        m.ep_transport, m.ep_waves = transport, a.waves
+        m.ep_send_capacity_factor = m.ep_recv_capacity_factor = a.capacity_factor
+        cfg.hardware.host_devices, cfg.hardware.mesh.expert, cfg.hardware.mesh.data = devices, devices // 2, 2
+        mesh, module, bias = make_mesh(cfg), MoE(cfg), jnp.zeros((a.experts,))
+        params = module.init(key_p, x[None], bias, train=True)
+
+        def step(p, x, module=module, bias=bias, mesh=mesh):
+            def loss(p, x):
+                y, stats = module.apply(p, x[None], bias, train=True, mesh=mesh)
+                return jnp.sum(y) + stats["aux_loss"], stats["dropped_frac"]
+            return jax.grad(loss, argnums=(0, 1), has_aux=True)(p, x)
+        steps[transport] = (jax.jit(step), (params, x))
+    dropped = {}
+    for name, (fn, args) in steps.items():     # compile + warm up
+        dropped[name] = float(jax.block_until_ready(fn(*args))[1])
+    times = {name: [] for name in steps}
+    for _ in range(a.rounds):
+        for name, (fn, args) in steps.items():
+            times[name].append(time_once(fn, args))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    first = next(iter(steps))
+    print(f"backend {jax.default_backend()}, {devices} devices (data 2 × expert {devices // 2}), "
+          f"jax {jax.__version__}; "
+          f"T={a.tokens} d={a.d} ℓ={a.latent} I={a.width} E={a.experts} k={a.top_k} cf={a.capacity_factor} "
+          f"waves={a.waves} skew={a.skew} dtype={a.dtype}")
+    print(f"{'transport':<12}{'ms':>9}{'vs ' + first:>12}{'dropped':>10}")
+    for name in steps:
+        print(f"{name:<12}{med[name] * 1e3:>9.1f}{med[name] / med[first]:>11.2f}x{100 * dropped[name]:>9.3f}%")
+
+
 def main(argv=None):
     a = parse_args(argv)
+    if a.ep_devices > 1:
+        return transports_main(a)
     steps = build(a)
     for fn, args, _ in steps.values():         # compile + warm up
         jax.block_until_ready(fn(*args))

@@ -75,7 +75,8 @@ RANGES: dict[str, Range] = {
     "model.d_model": count(1), "model.num_layers": count(1), "model.vocab_size": count(1),
     "model.num_experts": count(1), "model.expert_width": count(1), "model.latent_dim": count(1),
     "model.num_shared_experts": count(0), "model.shared_width": count(1),
-    "model.capacity_factor": POSITIVE, "model.gated_norm_rank": count(0), "model.conv_kernel": count(0),
+    "model.capacity_factor": POSITIVE, "model.ep_send_capacity_factor": POSITIVE,
+    "model.ep_recv_capacity_factor": POSITIVE, "model.ep_waves": count(1), "model.gated_norm_rank": count(0), "model.conv_kernel": count(0),
     "model.norm_eps": POSITIVE, "model.init_std": POSITIVE, "model.z_loss": NON_NEGATIVE,
     # attention
     "attention.head_dim": count(1), "attention.num_heads": count(1), "attention.kv_heads_local": count(1),

@@ -29,6 +29,11 @@ class ModelConfig:
     shared_width: Any = AUTO             # I_s; auto = d/2
     capacity_factor: float = 1.25        # fixed per-expert capacity = cf · T·k/E
     dispatch: str = "sort"               # sort | ragged_dot | dense (reference paths)
+    ep_transport: str = "fixed"          # training-time expert transport: fixed | pooled | ragged
+    ep_send_capacity_factor: float = 1.25  # pooled: rows per wave from a device to a peer = cf · T·k / peers
+    ep_recv_capacity_factor: float = 1.25  # pooled: rows per wave per expert = cf · T·k / local experts;
+                                         # ragged: receive buffer = cf · ep_waves · T·k rows
+    ep_waves: int = 3                    # pooled: waves before anything drops (unneeded ones are skipped)
     eval_dropless: bool = True           # evaluation runs without capacity drops
     eval_dispatch: str = "waves"         # waves (training capacity, repeated; bounded memory) | unbounded (C = T)
     gated_norm_rank: int = 128           # GatedNorm bottleneck r; 0 turns GatedNorm off
@@ -221,6 +226,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: Any = 50                 # steps between held-out evaluations (0 = only at the end); auto = every 5% of steps
     eval_batches: int = 2
+    eval_with_drops: bool = False        # also log eval/<set>/loss_dropped, at the training capacity
     log_every: int = 1                   # steps between logged metric rows (the loss is checked every step)
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
     init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)

@@ -15,6 +15,7 @@ from marin.config.schema import Config
 CHOICES = {
     "model.dispatch": ("sort", "ragged_dot", "dense"),
     "model.eval_dispatch": ("waves", "unbounded"),
+    "model.ep_transport": ("fixed", "pooled", "ragged"),
     "model.compute_dtype": ("float32", "bfloat16"),
     "model.router_dtype": ("float32", "bfloat16"),
     "attention.impl": ("auto", "blockwise", "cudnn", "reference"),
@@ -96,6 +97,9 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
             problems.append((name, f"must be one of {', '.join(allowed)}; got {value!r}"))
     problems += ranges.check(cfg)  # every numeric leaf: finite, int32, its range (marin/config/ranges.py)
     problems += _empty_refs(cfg)
+    if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, "compile"):
+        problems.append(("model.ep_transport", "ragged needs a GPU (XLA:CPU cannot compile or run "
+                         "ragged_all_to_all): use fixed or pooled on CPU, or dry_run=true to plan"))
     if cfg.dry_run not in (False, True, "json", "compile"):
         problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
     if cfg.model.remat not in (True, False, *derive.REMAT_MODES):

@@ -128,8 +128,9 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
     except backend.TrackingUnavailable as err:
         fail(f"resume: {err}")
 
-    def note(_step=None) -> None:
-        _note_resume(rec, earlier, new, changes, composed, resolved)
+    def note(step=None) -> None:  # the step restored (Slurm: the newest checkpoint, restored by the job)
+        step = step if step is not None else (steps[-1] if steps else 0)
+        _note_resume(rec, earlier, new, changes, composed, resolved, step=step)
 
     if slurm:
         note()
@@ -171,7 +172,7 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
              f"python launch.py reproduce={source.run_dir} {' '.join(o for o in new if _key(o) not in IGNORED)}".rstrip())
 
 
-def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved) -> None:
+def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:
     """record.json's resume list; with changes, the new config beside the old and in MLflow."""
     from marin.track import backend, record
 
@@ -193,6 +194,11 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
         client.set_tag(rec.run_id, f"resume_{n}", record._tag_value(_describe(changes)))  # noqa: SLF001
         if "schedule.horizon_steps" in changes or "train.steps" in changes:
             client.set_tag(rec.run_id, "horizon_steps", str(resolved.schedule.horizon_steps or resolved.train.steps))
+        if any(k.startswith("model.ep_") or k == "model.capacity_factor" for k in changes):
+            m = resolved.model  # a transport switch (spec §6: pooled waves → ragged at step 81,716)
+            client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
+                           f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
+                           f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
         log.info("resume %d changes %s", n, _describe(changes))
     client.set_tag(rec.run_id, "resumes", str(n))
     record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

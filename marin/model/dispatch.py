@@ -11,6 +11,10 @@ benchmarks/README.md (moe_layer.py) for why this formulation (1.5× a dense MLP 
 Evaluation is dropless without an [E, T, ℓ] buffer: `wave_dispatch` reuses the training buffer for
 queue positions [0, C), [C, 2C), ... until every expert's queue is done (`model.eval_dispatch`).
 
+The training pass moves tokens by `model.ep_transport` (`local_transport` on one device,
+`expert_parallel.py` across devices): `fixed` is `sort_dispatch`; `pooled_dispatch` pools the
+capacities (per peer sent, per expert received) and sends overflow in a static number of waves.
+
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.
 """
@@ -22,6 +26,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marin.model import routers
 
@@ -179,6 +184,96 @@ def wave_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int,
     return y.astype(x.dtype), jnp.int32(0)
 
 
+# --- pooled transport: per-peer send and per-expert receive capacities, overflow in waves -------
+
+def pooled_capacities(tokens: int, top_k: int, num_experts: int, peers: int,
+                      send_factor: float, recv_factor: float) -> tuple[int, int]:
+    """(S, R) of the pooled transport, multiples of 8: S rows per wave from each device to each
+    peer (send_factor · T·k / peers, at most T·min(k, E/peers), all a device can owe one peer)
+    and R rows per wave for each expert from all peers together (recv_factor · T·k / (E/peers),
+    at most peers·S and peers·T)."""
+    local = num_experts // peers
+    send = max(1, min(8 * math.ceil(math.ceil(send_factor * tokens * top_k / peers) / 8), tokens * min(top_k, local)))
+    recv = max(1, min(8 * math.ceil(math.ceil(recv_factor * tokens * top_k / local) / 8), peers * send, peers * tokens))
+    return send, recv
+
+
+def _identity(a):
+    return a
+
+
+def pooled_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int, peers: int,
+                    send_cap: int, recv_cap: int, waves: int, exchange: Callable = _identity,
+                    agree: Callable = _identity):
+    """Near-dropless training transport with static shapes: (y [T, ℓ], dropped assignments []).
+
+    The fixed transport gives every (device, expert) pair its own C rows, so one device's hot
+    expert drops even when the expert has room for everyone's tokens. Here the capacities pool:
+    each wave a device sends every peer up to S of its pending assignments for that peer's
+    experts (whichever experts they are: `exchange` is one all_to_all of [peers, S, ·]), and each
+    receiving expert accepts up to R of the rows that all peers sent it (position-major, so every
+    sender's first rows go first); refused rows come back empty and unacknowledged. Assignments
+    still pending are sent again in the next wave, up to `waves`; what is left then is dropped.
+    Within a device, first choices queue before second ones. Waves after the first run under
+    `lax.cond` only when some device (`agree`: a pmax over the exchange's axis) still has pending
+    assignments, so a balanced step costs one wave. Every move is a row gather with a gather as
+    transpose (`take_rows`) or an all_to_all: differentiable, and a static Python loop (not a
+    while_loop) so reverse mode works. With peers = 1 and `exchange` the identity it is a local
+    dispatch with capacity R per expert in up to `waves` waves.
+    """
+    tokens, k = expert_idx.shape
+    n = tokens * k
+    local = num_experts // peers
+    slots, rows = peers * send_cap, local * recv_cap
+    flat_expert = expert_idx.T.reshape(-1)                      # assignment a = j·T + t
+    peer = flat_expert // local
+    order = jnp.argsort(peer, stable=True).astype(jnp.int32)    # by peer, first choices first
+    peer_sorted, local_sorted = peer[order], (flat_expert % local)[order]
+    peer_counts = jnp.zeros((peers,), jnp.int32).at[peer].add(1)
+    peer_start = (jnp.cumsum(peer_counts) - peer_counts)[peer_sorted]
+    # The receiver ranks rows position-major (row i of every sender before row i + 1 of any).
+    pm = np.arange(slots).reshape(peers, send_cap).T.reshape(-1)
+    pm_inverse = np.argsort(pm)
+    wts = weights.T.astype(jnp.float32)                          # [k, T]
+
+    def wave(pending, y):
+        p = pending[order].astype(jnp.int32)
+        before = jnp.cumsum(p) - p
+        rank = before - before[jnp.minimum(peer_start, n - 1)]  # among this peer's pending ones
+        sent = (p == 1) & (rank < send_cap)
+        slot_sorted = jnp.where(sent, peer_sorted * send_cap + rank, slots)
+        slot_of_assignment = jnp.zeros((n,), jnp.int32).at[order].set(slot_sorted, unique_indices=True)
+        assignment_of_slot = jnp.full((slots,), n, jnp.int32).at[slot_sorted].set(order, mode="drop")
+        expert_of_slot = jnp.full((slots,), local, jnp.int32).at[slot_sorted].set(local_sorted, mode="drop")
+        token_of_slot = jnp.where(assignment_of_slot < n, assignment_of_slot % tokens, tokens)
+        xs = take_rows(x, token_of_slot, slot_of_assignment.reshape(k, tokens))
+        recv = exchange(xs.reshape(peers, send_cap, -1)).reshape(slots, -1)
+        recv_expert = exchange(expert_of_slot.reshape(peers, send_cap)).reshape(slots)
+        # Receiver: each local expert takes its first R rows; the rest are refused.
+        q = expert_queues(recv_expert[pm][:, None], local + 1)   # expert `local` = empty row
+        accept = (q.sorted_expert < local) & (q.position < recv_cap)
+        row_sorted = jnp.where(accept, q.sorted_expert * recv_cap + q.position, rows)
+        row_of_pm = jnp.zeros((slots,), jnp.int32).at[q.order].set(row_sorted, unique_indices=True)
+        row_of_recv = row_of_pm[pm_inverse]
+        recv_of_row = jnp.full((rows,), slots, jnp.int32).at[row_sorted].set(
+            jnp.asarray(pm, jnp.int32)[q.order], mode="drop")
+        xe = take_rows(recv, recv_of_row, row_of_recv[None])
+        ye = expert_fn(xe.reshape(local, recv_cap, -1)).reshape(rows, -1)
+        out = take_rows(ye, row_of_recv, recv_of_row[None])     # refused rows: zeros
+        back = exchange(out.reshape(peers, send_cap, -1)).reshape(slots, -1)
+        acked = exchange((row_of_recv < rows).astype(jnp.int32).reshape(peers, send_cap)).reshape(slots)
+        y_assign = take_rows(back, slot_of_assignment, assignment_of_slot[None]).reshape(k, tokens, -1)
+        y = y + jnp.einsum("kt,ktl->tl", wts, y_assign.astype(jnp.float32))
+        done = (slot_of_assignment < slots) & (acked[jnp.minimum(slot_of_assignment, slots - 1)] == 1)
+        return pending & ~done, y
+
+    pending, y = wave(jnp.ones((n,), bool), jnp.zeros(x.shape, jnp.float32))
+    for _ in range(waves - 1):
+        left = agree(jnp.sum(pending.astype(jnp.int32)))
+        pending, y = jax.lax.cond(left > 0, wave, lambda p, y: (p, y), pending, y)
+    return y.astype(x.dtype), jnp.sum(pending.astype(jnp.int32))
+
+
 def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
     """Reference: every expert on every token, masked by the combine weights. Dropless."""
     tokens = x.shape[0]
@@ -203,9 +298,25 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
     return y.astype(x.dtype)
 
 
+def local_transport(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
+    """The training pass on one device by `model.ep_transport`: (y, dropped). `fixed`: capacity
+    C per expert; `pooled`: capacity R per expert in up to `model.ep_waves` waves; `ragged`:
+    exact (grouped matmuls, `ragged_dot_dispatch`)."""
+    m = cfg.model
+    num_experts = w.gate.shape[0]
+    if m.ep_transport == "ragged":
+        return ragged_dot_dispatch(x, expert_idx, weights, w), jnp.int32(0)
+    if m.ep_transport == "pooled":
+        tokens, k = expert_idx.shape
+        send, recv = pooled_capacities(tokens, k, num_experts, 1, m.ep_send_capacity_factor, m.ep_recv_capacity_factor)
+        return pooled_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), num_experts, 1,
+                               send, recv, m.ep_waves)
+    return sort_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), num_experts, cap)
+
+
 def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
                    axis_names=(), expert_fn: Callable | None = None, num_experts: int | None = None,
-                   wave_axes=()):
+                   wave_axes=(), transport: Callable | None = None):
     """Route, dispatch, run the experts and combine, on this device's tokens.
 
     x [T, ℓ] (latent, normalised), logits [T, E] fp32, bias [E]. Returns (y [T, ℓ], stats) with
@@ -215,6 +326,9 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     (`wave_dispatch`), `unbounded` uses C = T in one pass. Under expert parallelism `expert_fn`
     replaces the local experts (and `num_experts` gives the global E, since `w` then holds only
     this device's experts), and `wave_axes` names the mesh axes its collectives span.
+    The training pass (and evaluation with drops) moves tokens by `model.ep_transport`: under
+    expert parallelism as `transport(x, expert_idx, weights) -> (y, dropped)` says, on one device
+    by `local_transport`.
     """
     m = cfg.model
     tokens = x.shape[0]
@@ -223,13 +337,15 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names)
     dropped = jnp.int32(0)
     if m.dispatch == "sort" or expert_fn is not None:
-        expert_fn = expert_fn or partial(expert_swiglu, w=w)
         cap = capacity(tokens, k, num_experts, m.capacity_factor)
-        if train or not m.eval_dropless:
-            y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn, num_experts, cap)
+        if train or not m.eval_dropless:   # the training transport
+            transport = transport or partial(local_transport, w=w, cfg=cfg, cap=cap)
+            y, dropped = transport(x, expert_idx, weights)
         elif m.eval_dispatch == "waves":
+            expert_fn = expert_fn or partial(expert_swiglu, w=w)
             y, dropped = wave_dispatch(x, expert_idx, weights, expert_fn, num_experts, cap, wave_axes)
         else:   # "unbounded": C = T, an [E·T, ℓ] buffer (the reference for the waves)
+            expert_fn = expert_fn or partial(expert_swiglu, w=w)
             y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn, num_experts, tokens)
     elif m.dispatch == "ragged_dot":
         y = ragged_dot_dispatch(x, expert_idx, weights, w)

@@ -1,28 +1,39 @@
 """Expert parallelism: experts sharded on E over the mesh's `expert` axis (spec §6).
 
 Inside `jax.shard_map` each device routes its own tokens (tokens are split over the batch axes
-replica_dcn × data × expert), fills its [E, C_local, ℓ] send buffer exactly like the
-single-device sort dispatch, and one `all_to_all` over `expert` delivers to every device the
-rows of its E/n experts from all n peers: [E/n, n·C_local, ℓ]. The local experts run as one
-batched matmul and a second `all_to_all` returns the rows to their tokens' devices. Routing
-statistics (QB's quantile, load, dropped fraction) are reduced over the batch axes, so they are
-those of the global batch.
+replica_dcn × data × expert) and moves each assignment to the device owning its expert by the
+training transport, `model.ep_transport`:
 
-The capacity is per device (C_local from the device's own T·k), as in the published run.
-Dropless evaluation repeats this round trip in waves (`dispatch.wave_dispatch`), the wave count
-maxed over `expert` so the all_to_alls of every device pair up.
-`jax.lax.ragged_all_to_all` would avoid sending padding rows, but XLA:CPU does not implement it;
-the fixed-size `all_to_all` runs on every backend.
+- `fixed`: the [E, C_local, ℓ] send buffer of the single-device sort dispatch (C_local from the
+  device's own T·k) and one `all_to_all` over `expert`, which delivers to every device the rows
+  of its E/n experts from all n peers: [E/n, n·C_local, ℓ]; the local experts run as one batched
+  matmul and a second `all_to_all` returns the rows. A (device, expert) pair past C_local drops,
+  even when the expert has room for every device's rows.
+- `pooled` (`dispatch.pooled_dispatch`): per-peer send rows and per-expert receive rows pooled
+  over senders, overflow sent again in up to `model.ep_waves` waves. Static shapes: runs on every
+  backend.
+- `ragged` (`ragged_transport`): `jax.lax.ragged_all_to_all` sends exactly the rows each peer
+  needs; the receiver runs its experts with `jax.lax.ragged_dot`. No drops unless a device
+  receives more than its buffer. XLA:CPU can lower it but not compile or run it (validation
+  refuses ragged on CPU outside a planning dry run); tests on CPU run the same index arithmetic
+  through `emulated_ragged_all_to_all`.
+
+Routing statistics (QB's quantile, load, dropped fraction) are reduced over the batch axes, so
+they are those of the global batch. Dropless evaluation repeats the fixed round trip in waves
+(`dispatch.wave_dispatch`), the wave count maxed over `expert` so the all_to_alls pair up.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from marin.launch.mesh import BATCH_AXES
-from marin.model.dispatch import ExpertWeights, expert_swiglu, routed_experts
+from marin.model.dispatch import (ExpertWeights, capacity, expert_queues, expert_swiglu, pooled_capacities,
+                                  pooled_dispatch, routed_experts, sort_dispatch, take_rows)
 
 EXPERT_AXIS = "expert"
 
@@ -39,6 +50,114 @@ def _remote_experts(xe, w: ExpertWeights):
     return jax.lax.all_to_all(out, EXPERT_AXIS, split_axis=1, concat_axis=0, tiled=True)  # [E, C, ℓ]
 
 
+def _exchange(a):
+    """[peers, S, ...] → [peers, S, ...]: block p goes to peer p; block s of the result came from s."""
+    return jax.lax.all_to_all(a, EXPERT_AXIS, split_axis=0, concat_axis=0, tiled=True)
+
+
+
+
+# --- ragged transport -------------------------------------------------------------------------
+
+def ragged_buffer_rows(tokens: int, top_k: int, num_experts: int, peers: int,
+                       recv_factor: float, waves: int) -> int:
+    """Receive-buffer rows of the ragged transport: what the pooled transport could receive over
+    all its waves (recv_factor · waves · T·k, so a switch pooled → ragged never drops more), at
+    most the worst case peers · T · min(k, E/peers), where it is exact by construction."""
+    worst = peers * tokens * min(top_k, num_experts // peers)
+    return max(1, min(8 * math.ceil(math.ceil(recv_factor * waves * tokens * top_k) / 8), worst))
+
+
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                               *, axis_name):
+    """`jax.lax.ragged_all_to_all`'s semantics from all_gather and gathers, for backends without
+    the op (XLA:CPU): tests run the ragged transport's index arithmetic with it. Memory n× the
+    operand: not for real runs."""
+    del recv_sizes  # implied by the senders' sizes (the op requires them to agree)
+    ops = jax.lax.all_gather(operand, axis_name)                 # [src, N, ...]
+    starts, sizes, dests = (jax.lax.all_gather(a, axis_name) for a in (input_offsets, send_sizes, output_offsets))
+    me = jax.lax.axis_index(axis_name)
+    r = jnp.arange(output.shape[0])
+    for s in range(ops.shape[0]):
+        lo, size, start = dests[s, me], sizes[s, me], starts[s, me]
+        inside = (r >= lo) & (r < lo + size)
+        rows = jnp.take(ops[s], jnp.clip(start + r - lo, 0, operand.shape[0] - 1), axis=0)
+        output = jnp.where(inside.reshape(-1, *[1] * (output.ndim - 1)), rows, output)
+    return output
+
+
+RAGGED_ALL_TO_ALL = jax.lax.ragged_all_to_all   # tests on CPU swap in `emulated_ragged_all_to_all`
+
+
+def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int, buffer_rows: int):
+    """Exact expert transport with `ragged_all_to_all`: (y [T, ℓ], dropped assignments []).
+
+    The T·k assignments are sorted by expert (so by owning peer); one all_gather of the per
+    (peer, expert) counts [n, n, E/n] tells every device every block's size, so all of them
+    compute the same offsets: device s's block for peer p lands in p's buffer after the blocks of
+    devices < s (cut at `buffer_rows`; what is cut is dropped and counted). The receiver sorts its
+    rows by local expert, runs the experts as `ragged_dot`s, unsorts, and a second
+    ragged_all_to_all with the offsets swapped returns the rows into the sender's sorted buffer
+    (rows never sent come back as zeros). Every move is a gather with a gather as transpose or a
+    ragged_all_to_all (whose transpose is another): differentiable.
+    """
+    a2a = partial(RAGGED_ALL_TO_ALL, axis_name=EXPERT_AXIS)
+    tokens, k = expert_idx.shape
+    n, local = tokens * k, w.gate.shape[0]
+    peers = num_experts // local
+    q = expert_queues(expert_idx, num_experts)
+    sorted_pos = jnp.zeros((n,), jnp.int32).at[q.order].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
+    xs = take_rows(x, q.order % tokens, sorted_pos.reshape(k, tokens))            # [T·k, ℓ] by expert
+
+    counts = jax.lax.all_gather(q.counts.reshape(peers, local), EXPERT_AXIS)     # [src, dst, local]
+    total = jnp.sum(counts, axis=-1)                                             # [src, dst]
+    send_off = jnp.cumsum(total, axis=1) - total       # where src's block for dst starts in src's buffer
+    full_off = jnp.cumsum(total, axis=0) - total
+    kept = jnp.clip(buffer_rows - full_off, 0, total)  # what fits in dst's buffer
+    recv_off = jnp.cumsum(kept, axis=0) - kept         # where src's block starts in dst's buffer
+    me = jax.lax.axis_index(EXPERT_AXIS)
+    recv = a2a(xs, jnp.zeros((buffer_rows, x.shape[-1]), x.dtype), send_off[me], kept[me],
+               recv_off[me], kept[:, me])
+
+    # Each received row's local expert: its sender's block, then the group within that block.
+    r = jnp.arange(buffer_rows, dtype=jnp.int32)
+    src = jnp.searchsorted(jnp.cumsum(kept[:, me]), r, side="right")
+    src_c = jnp.minimum(src, peers - 1)
+    within = r - recv_off[src_c, me]
+    group_end = jnp.cumsum(counts[:, me, :], axis=-1)[src_c]                    # [rows, local]
+    expert = jnp.where(src < peers, jnp.sum(within[:, None] >= group_end, axis=-1), local)
+    order = jnp.argsort(expert, stable=True).astype(jnp.int32)
+    position = jnp.zeros((buffer_rows,), jnp.int32).at[order].set(r, unique_indices=True)
+    group_sizes = jnp.zeros((local + 1,), jnp.int32).at[expert].add(1)[:local]
+    xr = take_rows(recv, order, position[None])
+    h = jax.nn.silu(jax.lax.ragged_dot(xr, w.gate, group_sizes)) * jax.lax.ragged_dot(xr, w.up, group_sizes)
+    out = take_rows(jax.lax.ragged_dot(h, w.down, group_sizes), position, order[None])
+
+    back = a2a(out, jnp.zeros_like(xs), recv_off[:, me], kept[:, me], send_off[:, me], kept[me])
+    y_assign = take_rows(back, sorted_pos, q.order[None]).reshape(k, tokens, -1)
+    y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
+    return y.astype(x.dtype), jnp.sum(total[me] - kept[me])
+
+
+def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
+    """The training transport of `model.ep_transport` on this device's `tokens` tokens. The
+    pooled waves' skip decision is agreed over all batch axes, not just `expert`: collectives of
+    the backward pass (the data-parallel sum of the expert weights' gradient) can land inside a
+    wave, and a decision agreed over `expert` alone deadlocked on 8 host devices."""
+    m, k = cfg.model, cfg.router.top_k
+    if m.ep_transport == "pooled":
+        send, recv = pooled_capacities(tokens, k, num_experts, peers, m.ep_send_capacity_factor,
+                                       m.ep_recv_capacity_factor)
+        return partial(pooled_dispatch, expert_fn=partial(expert_swiglu, w=local_w), num_experts=num_experts,
+                       peers=peers, send_cap=send, recv_cap=recv, waves=m.ep_waves,
+                       exchange=_exchange, agree=partial(jax.lax.pmax, axis_name=batch_axes))
+    if m.ep_transport == "ragged":
+        rows = ragged_buffer_rows(tokens, k, num_experts, peers, m.ep_recv_capacity_factor, m.ep_waves)
+        return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows)
+    return partial(sort_dispatch, expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
+                   cap=capacity(tokens, k, num_experts, m.capacity_factor))
+
+
 def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh):
     """`dispatch.routed_experts` with expert parallelism over `mesh` (same inputs and outputs).
 
@@ -46,15 +165,16 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
     weights are sharded on E over `expert` (E divisible by its size).
     """
     batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-    num_experts = w.gate.shape[0]
-    if num_experts % expert_parallel_size(mesh):
-        raise ValueError(f"{num_experts} experts do not split over expert axis {expert_parallel_size(mesh)}")
+    num_experts, peers = w.gate.shape[0], expert_parallel_size(mesh)
+    if num_experts % peers:
+        raise ValueError(f"{num_experts} experts do not split over expert axis {peers}")
 
     def local(x, logits, bias, gate, up, down):
         local_w = ExpertWeights(gate, up, down)
         return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes,
                               expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
-                              wave_axes=(EXPERT_AXIS,))
+                              wave_axes=(EXPERT_AXIS,),
+                              transport=_transport(cfg, local_w, num_experts, peers, x.shape[0], batch_axes))
 
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
     stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P()}

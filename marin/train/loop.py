@@ -210,10 +210,12 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         tracker.log_metrics({f"data/epochs/{k}": v for k, v in loader.epochs_seen(step).items()}, step)
         losses = {}
         for name, batches in loader.eval_batches().items():
-            values = [float(eval_step(state, to_global(b))) for b in batches]
-            losses[f"eval/{name}/loss"] = sum(values) / len(values)
-        if losses:
-            losses["eval/macro_loss"] = sum(losses.values()) / len(losses)
+            values = [jax.device_get(eval_step(state, to_global(b))) for b in batches]
+            for key in values[0]:  # loss (dropless), and loss_dropped with train.eval_with_drops
+                losses[f"eval/{name}/{key}"] = sum(float(v[key]) for v in values) / len(values)
+        dropless = [v for k, v in losses.items() if k.endswith("/loss")]
+        if dropless:
+            losses["eval/macro_loss"] = sum(dropless) / len(dropless)
             progress.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         tracker.log_metrics(losses, step)
         return losses

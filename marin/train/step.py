@@ -7,6 +7,8 @@ step compiles once.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -91,10 +93,19 @@ def jit_steps(cfg, tx, mesh, shardings):
 
 
 def make_eval_step(cfg, mesh):
+    """eval_step(state, batch) -> {"loss": dropless ce} (+ "loss_dropped": the ce with the
+    training transport's capacity and drops, when `train.eval_with_drops`)."""
+    # The same forward with the training pass's dispatch (model.ep_transport and its capacities).
+    with_drops = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, eval_dropless=False))
+
     def eval_step(state: TrainState, batch):
         # Evaluation applies the pending router state too (spec: QB betas apply at every eval).
         bias = routers.router_bias(state.router_state, cfg)
         _, metrics = transformer.loss_fn(state.params, batch, bias, cfg, train=False, mesh=mesh)
-        return metrics["ce"]
+        out = {"loss": metrics["ce"]}
+        if cfg.train.eval_with_drops:
+            _, dropped = transformer.loss_fn(state.params, batch, bias, with_drops, train=False, mesh=mesh)
+            out["loss_dropped"] = dropped["ce"]
+        return out
 
     return eval_step

@@ -1,0 +1,258 @@
+"""Training-time expert transports (`model.ep_transport`): `pooled` is near-dropless where `fixed`
+drops, and equals the dropless reference when nothing drops; `ragged` is exact (its index
+arithmetic run through an emulated ragged_all_to_all, since XLA:CPU cannot run the op) and the
+hero's train step lowers with it for 64 devices; bad settings are refused.
+
+The expert-parallel cases run this module as a subprocess (`python -m tests.model.test_transport
+ep`) with XLA_FLAGS forcing host devices, as in test_expert_parallel.py.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from marin.config.validate import ConfigError
+from marin.model import dispatch
+from marin.model.dispatch import ExpertWeights
+from tests.helpers import make_config
+
+ROOT = Path(__file__).resolve().parents[2]
+L, I = 16, 24   # latent, expert width
+
+
+def _weights(key, experts):
+    ks = jax.random.split(key, 3)
+    return ExpertWeights(*(0.3 * jax.random.normal(kk, s) for kk, s in
+                           zip(ks, [(experts, L, I), (experts, L, I), (experts, I, L)])))
+
+
+def _subprocess(devices: int, *args: str) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PJRT_NPROC=str(max(16, 2 * devices)), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.model.test_transport", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pooled_waves_on_one_device_equal_the_dropless_reference():
+    """One device (peers = 1): overflow past R goes in the next wave; one wave drops."""
+    tokens, experts, k = 128, 8, 2
+    kx, kl, kw, kp = jax.random.split(jax.random.key(0), 4)
+    x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
+    logits = jax.random.normal(kl, (tokens, experts)).at[:96, :2].add(20.0)   # experts 0, 1 hot
+    top, idx = jax.lax.top_k(logits, k)
+    wts = jax.nn.softmax(top)
+    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, 1.25, 1.25)
+    fn = lambda xe: dispatch.expert_swiglu(xe, w)  # noqa: E731
+    probe = jax.random.normal(kp, x.shape)
+
+    def loss(x, waves):
+        y, dropped = dispatch.pooled_dispatch(x, idx, wts, fn, experts, 1, send, recv, waves)
+        return jnp.sum(y * probe), dropped
+
+    (l1, d1), _ = jax.jit(jax.value_and_grad(lambda x: loss(x, 1), has_aux=True))(x)
+    (l3, d3), g3 = jax.jit(jax.value_and_grad(lambda x: loss(x, 3), has_aux=True))(x)
+    ref, g_ref = jax.value_and_grad(lambda x: jnp.sum(dispatch.dense_dispatch(x, idx, wts, w) * probe))(x)
+    assert int(d1) > 0 and int(d3) == 0, (int(d1), int(d3))
+    np.testing.assert_allclose(l3, ref, rtol=1e-5)
+    np.testing.assert_allclose(g3, g_ref, atol=1e-5)
+    assert abs(float(l1) - float(ref)) > 1e-3          # the single wave really lost rows
+
+
+# --- expert parallelism on 8 forced host devices ----------------------------------------------
+
+def compare_transports() -> dict:
+    """data=2 × expert=4, E=16, k=4, 64 tokens per device. Device 0 routes all its tokens to
+    experts 0 and 1 first (both on peer 0): fixed drops them past C; pooled sends device 0's
+    overflow for peer 0 in a second wave while the experts themselves have room."""
+    from marin.launch.mesh import make_mesh
+    from marin.model import expert_parallel
+    from marin.model.expert_parallel import routed_experts_ep
+
+    experts, k, per_device, tokens = 16, 4, 64, 512
+    base = ("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.capacity_factor=1.25",
+            "model.ep_send_capacity_factor=1.25", "model.ep_recv_capacity_factor=1.25", "model.ep_waves=3",
+            "hardware.host_devices=8", "hardware.mesh.expert=4")
+    cfgs = {t: make_config(*base, f"model.ep_transport={t}", "dry_run=true") for t in ("fixed", "pooled", "ragged")}
+    mesh = make_mesh(cfgs["fixed"])
+    kx, kl, kw, kp = jax.random.split(jax.random.key(3), 4)
+    x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
+    logits = jax.random.normal(kl, (tokens, experts)).at[:per_device, :2].add(20.0)
+    bias, probe = jnp.zeros(experts), jax.random.normal(kp, (tokens, L))
+
+    def loss(x, w, cfg):
+        y, stats = routed_experts_ep(x, logits, bias, w, cfg, train=True, mesh=mesh)
+        return jnp.sum(y * probe), stats["dropped_frac"]
+
+    expert_parallel.RAGGED_ALL_TO_ALL = expert_parallel.emulated_ragged_all_to_all  # XLA:CPU lacks the op
+    out = {}
+    for name, cfg in cfgs.items():
+        (value, dropped), grads = jax.jit(jax.value_and_grad(lambda x, w: loss(x, w, cfg), argnums=(0, 1),
+                                                              has_aux=True))(x, w)
+        out[name] = (float(value), float(dropped), grads)
+    # Dropless reference: every expert on every token, per device group (routing is per token).
+    unbounded = make_config(*base, "model.eval_dispatch=unbounded")
+    one = jax.vmap(lambda x, lg, w: dispatch.routed_experts(x, lg, bias, w, unbounded, train=False)[0],
+                   in_axes=(0, 0, None))
+
+    def ref_loss(x, w):
+        y = one(x.reshape(8, per_device, L), logits.reshape(8, per_device, experts), w).reshape(tokens, L)
+        return jnp.sum(y * probe)
+
+    ref, ref_grads = jax.jit(jax.value_and_grad(ref_loss, argnums=(0, 1)))(x, w)
+    diff = lambda a, b: max(float(jnp.max(jnp.abs(u - v))) for u, v in  # noqa: E731
+                            zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return {"devices": jax.device_count(), "ref": float(ref)} | {
+        name: {"loss": v, "dropped": d, "grads_vs_ref": diff(g, ref_grads)} for name, (v, d, g) in out.items()}
+
+
+@pytest.mark.slow
+def test_pooled_is_near_dropless_where_fixed_drops_and_ragged_is_exact():
+    r = _subprocess(8, "ep")
+    assert r["devices"] == 8, r
+    assert r["fixed"]["dropped"] > 0.02, r               # a (device, expert) pair overflows C
+    assert r["pooled"]["dropped"] < 0.001, r             # the same memory per wave, pooled + waves
+    assert r["ragged"]["dropped"] == 0.0, r
+    for name in ("pooled", "ragged"):                     # nothing dropped: the dropless loss and grads
+        assert abs(r[name]["loss"] - r["ref"]) <= 1e-4 * max(1.0, abs(r["ref"])), (name, r)
+        assert r[name]["grads_vs_ref"] <= 1e-4, (name, r)
+    assert abs(r["fixed"]["loss"] - r["ref"]) > 1e-3, r  # the drops really change the loss
+
+
+# --- ragged: the hero's train step lowers on CPU ----------------------------------------------
+
+def lower_hero_ragged() -> dict:
+    """The hero's train step (mesh expert=64 on 64 forced host devices, one rack) with the
+    ragged transport, lowered to StableHLO without compiling (XLA:CPU cannot compile the op)."""
+    from marin.launch.mesh import make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import init_state
+    from marin.train.step import make_train_step
+
+    cfg = make_config("experiment=mochi_535b_a23b", "hardware=gb200_nvl72", "hardware.platform=cpu",
+                      "hardware.launcher=local", "hardware.nodes=1", "hardware.tasks_per_node=1",
+                      "hardware.gpus_per_node=0", "hardware.host_devices=64", "train.global_batch=1024",
+                      "model.ep_transport=ragged", "dry_run=true")   # one rack: 16 × 4,096 tokens per device
+    tx = build_optimizer(cfg)
+    state = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
+    shape = (cfg.train.global_batch, cfg.train.seq_len)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "loss_mask" else jnp.int32)
+             for k in ("inputs", "targets", "segment_ids", "loss_mask")}
+    text = jax.jit(make_train_step(cfg, tx, make_mesh(cfg))).lower(state, batch).as_text()
+    return {"devices": jax.device_count(), "tokens_per_device": cfg.train.micro_batch * cfg.train.seq_len,
+            "ragged_calls": text.count("@ragged_all_to_all"),
+            "layers": cfg.model.num_layers, "experts": cfg.model.num_experts, "mesh_expert": cfg.hardware.mesh.expert}
+
+
+@pytest.mark.slow
+def test_hero_train_step_lowers_with_the_ragged_transport():
+    r = _subprocess(64, "hero")
+    assert r["devices"] == 64 and r["mesh_expert"] == 64 and r["experts"] == 384, r
+    assert r["layers"] == 48 and r["tokens_per_device"] == 16 * 4096, r
+    # forward there and back, and the transposes in the backward pass (layers are one scan)
+    assert r["ragged_calls"] >= 4, r
+
+
+# --- evaluation with drops -----------------------------------------------------------------------
+
+def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one():
+    from marin.launch.mesh import make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import init_state
+    from marin.train.step import make_eval_step
+    from tests.train.test_step import batch_of
+
+    base = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "model.capacity_factor=0.25"]
+    plain, with_drops = make_config(*base), make_config(*base, "train.eval_with_drops=true")
+    state = init_state(plain, build_optimizer(plain), jax.random.key(0))
+    batch = batch_of(plain)
+    a = jax.jit(make_eval_step(plain, make_mesh(plain)))(state, batch)
+    b = jax.jit(make_eval_step(with_drops, make_mesh(with_drops)))(state, batch)
+    assert set(a) == {"loss"} and set(b) == {"loss", "loss_dropped"}
+    gap = abs(float(b["loss_dropped"]) - float(b["loss"]))
+    assert abs(float(a["loss"]) - float(b["loss"])) <= 1e-6 * float(a["loss"]), (a, b)  # stays dropless
+    assert gap > 1e-4, (a, b)                  # cf 0.25 drops most assignments (noise ~1e-6)
+
+
+@pytest.mark.slow
+def test_loop_logs_the_dropped_loss_beside_the_dropless_one_with_the_pooled_transport(tmp_path):
+    from mlflow import MlflowClient
+
+    from marin.train.loop import train
+    from tests.train.test_loop import start
+
+    cfg, rec = start(tmp_path, "train.steps=2", "train.eval_with_drops=true", "model.ep_transport=pooled",
+                     "model.capacity_factor=0.5", "model.ep_recv_capacity_factor=0.25", "model.ep_waves=1")
+    summary = train(cfg, rec)
+    dropped = {k: v for k, v in summary.items() if k.endswith("/loss_dropped")}
+    dropless = {k: v for k, v in summary.items() if k.endswith("/loss") and k != "eval/macro_loss"}
+    assert dropped and len(dropped) == len(dropless), summary
+    assert summary["eval/macro_loss"] == pytest.approx(sum(dropless.values()) / len(dropless))
+    assert any(abs(dropped[k + "_dropped"] - v) > 1e-5 for k, v in dropless.items()), summary
+    assert set(dropped) <= set(MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.metrics)
+
+
+# --- a transport switch at resume= ---------------------------------------------------------------
+
+def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
+    """The hero's story line: `resume=<run> model.ep_transport=ragged` continues the same state
+    (the transport changes no parameter) and records the switch as a tag with the step."""
+    from mlflow import MlflowClient
+
+    from marin.launch.resume import _note_resume, changes_between
+    from marin.track import record
+
+    where = [f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "model=tiny"]
+    before = make_config(*where, "model.ep_transport=pooled")
+    after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")
+    rec = record.create(before, before, [])
+    changes = changes_between(record.config_dict(before), record.config_dict(after))
+    assert changes["model.ep_transport"] == ["pooled", "ragged"]
+    _note_resume(rec, [], ["model.ep_transport=ragged"], changes, after, after, step=81716)
+    tags = MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.tags
+    assert tags["ep_transport"].startswith("ragged from step 81716"), tags
+    assert "model.ep_transport: pooled → ragged" in tags["resume_1"]
+    assert json.loads((rec.run_dir / "record.json").read_text())["resumes"][0]["changes"]["model.ep_transport"] == [
+        "pooled", "ragged"]
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override,field", [
+    ("model.ep_transport=waves", "model.ep_transport"),
+    ("model.ep_send_capacity_factor=0", "model.ep_send_capacity_factor"),
+    ("model.ep_recv_capacity_factor=nan", "model.ep_recv_capacity_factor"),
+    ("model.capacity_factor=nan", "model.capacity_factor"),
+    ("model.ep_waves=0", "model.ep_waves"),
+])
+def test_bad_transport_settings_name_their_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        make_config(override)
+    assert [p[0] for p in err.value.problems] == [field]
+
+
+def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path):
+    with pytest.raises(ConfigError, match="model.ep_transport"):
+        make_config("model.ep_transport=ragged")
+    make_config("model.ep_transport=ragged", "dry_run=true")              # planning a GPU run from here
+    make_config("model.ep_transport=ragged", "hardware=h200_node")        # a GPU run
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "model.ep_transport=ragged",
+                           f"run.out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "ep_transport" in line] == [
+        "  model.ep_transport: ragged needs a GPU (XLA:CPU cannot compile or run ragged_all_to_all): "
+        "use fixed or pooled on CPU, or dry_run=true to plan"], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+if __name__ == "__main__":
+    print(json.dumps(compare_transports() if sys.argv[1] == "ep" else lower_hero_ragged()))
