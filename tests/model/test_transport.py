@@ -249,7 +249,7 @@ def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert [line for line in proc.stderr.splitlines() if "ep_transport" in line] == [
-        "  model.ep_transport: ragged needs a GPU (XLA:CPU cannot compile or run ragged_all_to_all): "
+        "error: invalid config: model.ep_transport: ragged needs a GPU (XLA:CPU cannot compile or run ragged_all_to_all): "
         "use fixed or pooled on CPU, or dry_run=true to plan"], proc.stderr
     assert list(tmp_path.iterdir()) == []
 
