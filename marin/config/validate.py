@@ -154,6 +154,10 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if t.init_seq_len and not t.init_from and not cfg.dry_run:
         problems.append(("train.init_from", "a context-extension stage (train.init_seq_len is set) starts "
                          "from another run's checkpoint: give its run directory"))
+    if t.init_from:  # <run>[@<step>]: the step's form, and (unless a dry run) a checkpoint at or below it
+        from marin.train.init_from import problems as init_from_problems  # pure Python
+
+        problems += init_from_problems(cfg)
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
