@@ -60,6 +60,7 @@ def replay_of(tmp, before):
     return tmp / "runs" / made
 
 
+@pytest.mark.slow
 def test_untouched_run_verifies_identical(original, capsys):
     rec, site, tmp = original
     before = runs(tmp)
@@ -74,6 +75,7 @@ def test_untouched_run_verifies_identical(original, capsys):
     assert tags["verification_of"] == rec.run_id and tags["verify_result"] == "identical"
 
 
+@pytest.mark.slow
 def test_window_starts_from_the_checkpoint_below_it(original, capsys, caplog):
     rec, site, tmp = original
     before = runs(tmp)
@@ -86,6 +88,7 @@ def test_window_starts_from_the_checkpoint_below_it(original, capsys, caplog):
     assert steps == {2, 3, 4, 5}   # trained 2…4 from checkpoint 2; the closing eval at 5
 
 
+@pytest.mark.slow
 def test_a_changed_data_seed_diverges_at_the_first_step_it_touches(original, capsys):
     rec, site, tmp = original
     # The window restores checkpoint 4 (identical state); seed 6 draws other batches from step 4.
@@ -99,6 +102,7 @@ def test_a_changed_data_seed_diverges_at_the_first_step_it_touches(original, cap
     assert "replayed with overrides: train.seed=6" in out and "environment differences:" in out
 
 
+@pytest.mark.slow
 def test_copied_run_directory_is_verified_against_its_metrics_file(original, capsys):
     """Another machine's run: its MLflow run is unknown here; metrics.jsonl is the record. One
     recorded value nudged by 1e-6 (relative) is the first divergence, and passes with an rtol."""
