@@ -73,6 +73,8 @@ def test_untouched_run_verifies_identical(original, capsys):
     run_id = json.loads((replay / "record.json").read_text())["run_id"]
     tags = MlflowClient(rec.tracking_uri).get_run(run_id).data.tags
     assert tags["verification_of"] == rec.run_id and tags["verify_result"] == "identical"
+    from marin.track.verify import main
+    assert main([str(rec.run_dir), str(replay)]) == 0         # the command-line comparison of two runs agrees
 
 
 @pytest.mark.slow
