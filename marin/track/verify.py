@@ -138,7 +138,7 @@ def run_start(source: record.RunRecord, recorded: dict) -> int:
 
 def plan(cfg, new_overrides: list[str]) -> Plan:
     """Open the original run, read its record and choose the replay's start; writes nothing."""
-    from marin.track.reproduce import ReproduceError, _lookup_uri, _out_dir
+    from marin.track.reproduce import _lookup_uri, _out_dir
     from marin.train.checkpoint import checkpoint_dir, listed_steps
 
     if cfg.get("resume"):
