@@ -274,6 +274,9 @@ class Config:
     dry_run: Any = False                 # false | true | json | compile
     reproduce: Optional[str] = None      # run directory or MLflow run id
     reproduce_trust: bool = False        # apply a saved config's hardware.env/xla_flags/setup even where they differ from the shipped option
+    verify: bool = False                 # with reproduce=: replay the run and compare every logged metric with its record
+    verify_steps: Optional[str] = None   # a:b: replay only steps a…b, from the original's newest checkpoint ≤ a
+    verify_rtol: float = 0.0             # relative tolerance of the comparison (0 = bit for bit)
     resume: Optional[str] = None         # run directory or MLflow run id
     wait: bool = False                   # Slurm: follow the job and exit with its result
     schema_version: int = 1

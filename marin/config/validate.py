@@ -175,28 +175,16 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if t.stage_start is not None and not t.init_seq_len:
         problems.append(("train.stage_start", "only a context-extension stage (train.init_seq_len set) starts mid-run; "
                          f"got {t.stage_start} without train.init_seq_len"))
-    if t.init_from and not cfg.dry_run and (msg := _init_from_problem(t.init_from)):
-        problems.append(("train.init_from", msg))  # a dry run skips site-specific paths, as for data
+    if t.init_from:  # <run>[@<step>]: the step's form, and (unless a dry run) a checkpoint at or below it
+        from marin.train.init_from import problems as init_from_problems  # pure Python
+
+        problems += init_from_problems(cfg)
     problems += _int32_problems(cfg)
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
     problems += check_data(cfg)
     return problems
-
-
-def _init_from_problem(path: str) -> str | None:
-    """The starting run must have a complete checkpoint (orbax lists complete ones as step
-    folders; a save in progress is a temporary folder), else it would fail after the run exists."""
-    from marin.config.store import project_path
-
-    where = project_path(path)
-    directory = where if where.name == "checkpoints" else where / "checkpoints"
-    if not where.is_dir():
-        return f"must be an existing run directory; {where} does not exist"
-    if not any(p.name.isdigit() for p in directory.glob("[0-9]*")):
-        return f"{where} has no complete checkpoint under {directory.name}/"
-    return None
 
 
 def _int32_problems(cfg: Config) -> list[tuple[str, str]]:

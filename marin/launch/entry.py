@@ -78,6 +78,11 @@ def _guarded(cfg: DictConfig) -> None:
 
 
 def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
+    if cfg.get("verify"):  # replay a recorded run and compare its metrics (marin/track/verify.py)
+        from marin.track.verify import verify
+
+        verify(cfg, job_overrides)
+        return
     if cfg.get("resume"):  # continue a run: its own config, dir and MLflow run (marin/launch/resume.py)
         from marin.launch.resume import resume
 

@@ -44,7 +44,8 @@ log = logging.getLogger("marin.track")
 
 COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
 # Leaves that do not change what is trained: left out of the config hash.
-UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait")
+UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait",
+            "verify", "verify_steps", "verify_rtol")
 # Environment variables worth keeping for provenance (secret-looking ones are redacted).
 ENV_PREFIXES = ("SLURM_", "JAX_", "XLA_", "PJRT_", "CUDA_", "NCCL_", "NVIDIA_", "MLFLOW_", "HYDRA_",
                 "MARIN_", "OMP_", "TPU_")
@@ -259,6 +260,8 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         }
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
+            if resolved.verify:
+                tags["verification_of"] = str(resolved.reproduce)  # marin/track/verify.py adds verify_result
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
         run_id = client.create_run(exp_id, tags=tags, run_name=secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)).info.run_id
         _log_params(client, run_id, resolved_tree)

@@ -29,7 +29,7 @@ log = logging.getLogger("marin.track")
 
 SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
 # Never inherited (reproduce_trust: a saved config cannot trust itself).
-CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust")
+CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust", "verify", "verify_steps", "verify_rtol")
 # What a saved config runs on this machine: applied only as shipped, or with reproduce_trust=true.
 UNTRUSTED = ("hardware.env", "hardware.xla_flags", "hardware.setup")
 NOT_INHERITED = ("run.sweep", "run.sweep_id")  # a reproduction is a run of its own, not a sweep job
@@ -99,7 +99,7 @@ def _check_schema(saved: dict) -> None:
                 or any(k.startswith(key + ".") for k in keys))
 
     removed = sorted(k for k in have if not known(k, want))
-    added = sorted(k for k in want if not known(k, have))
+    added = sorted(k for k in want if not known(k, have) and k not in CONTROL)  # a new control key is no change
     version, expected = saved.get("schema_version"), current["schema_version"]
     if version == expected and not removed and not added:
         return

@@ -5,7 +5,9 @@ several runs can live in one process). If the store does not answer, training go
 metrics stay in memory, one warning is printed, and sending is retried with a growing pause;
 `finish` tries once more and, failing that, leaves them in ``unsent_metrics.jsonl`` in the run
 directory (`python -m marin.track.tracker <run dir>` sends them later, and the run's final
-status with them). Only process 0 logs.
+status with them). Every logged metric also goes to ``metrics.jsonl`` in the run directory, so a
+copied run directory carries its own history (`verify=true` compares against it where the MLflow
+run cannot be reached). Only process 0 logs.
 
 Every run ends FINISHED, FAILED or KILLED, never left RUNNING: `finish` at the loop's end,
 `end_if_running` when set-up crashes before the loop. A status the store did not take is kept in
@@ -24,6 +26,7 @@ from marin.track import backend, record as run_record, secrets, sweep
 log = logging.getLogger("marin.track")
 
 UNSENT = "unsent_metrics.jsonl"
+METRICS = "metrics.jsonl"  # every logged metric, one JSON object a line (key, value, step, timestamp)
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
@@ -46,6 +49,7 @@ class Tracker:
         self._pause = self._first_pause = max(flush_every_s, 5.0)  # seconds before a retry; doubles
         self._outage = False
         self._warned_values = False
+        self._local = None                # metrics.jsonl, opened at the first metric (appended on resume)
         if self._call(lambda: self._client.update_run(record.run_id, status="RUNNING")):  # resumed runs reopen
             if record.info().get("status_unsent"):  # an earlier attempt's status, superseded
                 run_record.update_info(record, status_unsent=None)
@@ -66,8 +70,19 @@ class Tracker:
                     self._warned_values = True
                 continue
             self._pending.append(Metric(str(key), value, now, int(step)))
+            self._keep_local(str(key), value, now, int(step))
         if len(self._pending) >= 1000 or time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
+
+    def _keep_local(self, key: str, value: float, timestamp: int, step: int) -> None:
+        if self._local is None:
+            try:
+                self._local = (self.record.run_dir / METRICS).open("a")
+            except OSError as err:  # no run directory here: MLflow still has them
+                log.warning("cannot keep metrics in %s (%s)", self.record.run_dir / METRICS, err)
+                self._local = False
+        if self._local:
+            self._local.write(json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n")
 
     def set_tags(self, tags: dict) -> None:
         if not self.enabled:
@@ -112,6 +127,8 @@ class Tracker:
         """Send what is pending; True when nothing is left. Skipped during an outage's pause."""
         if not self.enabled:
             return True
+        if self._local:
+            self._local.flush()
         if not (self._pending or self._pending_tags):
             return True
         if not force and time.monotonic() < self._retry_at:
@@ -176,6 +193,9 @@ class Tracker:
         self.finished = True
         if not self.flush(force=True):
             self._spill()
+        if self._local:
+            self._local.close()
+        self._local = None
         ended = self._call(lambda: self._client.set_terminated(self.record.run_id, status))
         run_record.update_info(self.record, status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                status_unsent=None if ended else status)

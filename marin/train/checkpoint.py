@@ -56,6 +56,16 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir).resolve() / "checkpoints"
 
 
+def listed_steps(directory: str | Path) -> list[int]:
+    """The committed checkpoint steps in a checkpoints directory, as orbax lists them (a step is
+    a folder named by its integer; a save in flight is a temporary folder, a damaged one set aside
+    is `<step>.corrupt`), oldest first. Pure Python: no JAX, so validation can call it."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
 def _manager(directory: Path, ckpt_cfg=None, read_only: bool = False, on_finalized=None):
     import orbax.checkpoint as ocp
 
@@ -245,13 +255,16 @@ def set_aside_steps(directory: Path) -> list[str]:
     return sorted(p.name for p in Path(directory).glob("*.corrupt*"))
 
 
-def _restore_newest(manager, template, where: str, set_aside: bool = True):
-    """Restore the newest intact step; older ones if the newest's bytes are damaged.
+def _restore_newest(manager, template, where: str, set_aside: bool = True, at_most: int | None = None):
+    """Restore the newest intact step (at or below `at_most` when given); older ones if the
+    newest's bytes are damaged.
 
     Returns (state, meta, the step directory it came from)."""
     import orbax.checkpoint as ocp
 
-    steps = sorted(manager.all_steps(), reverse=True)
+    steps = sorted((s for s in manager.all_steps() if at_most is None or s <= at_most), reverse=True)
+    if not steps and at_most is not None:
+        raise NoCheckpointError(f"no complete checkpoint at or below step {at_most} in {where}")
     if not steps:
         aside = set_aside_steps(manager.directory)
         raise NoCheckpointError(f"no complete checkpoint in {where}"
@@ -387,15 +400,16 @@ class Checkpointer:
         self._manager.close()
 
 
-def restore_from(source: str | Path, template_state) -> tuple[object, dict]:
-    """The newest checkpoint of another run (its run directory, or its checkpoints directory),
-    read-only: how a stage experiment (`train.init_from`) starts from an earlier run."""
+def restore_from(source: str | Path, template_state, at_most: int | None = None) -> tuple[object, dict]:
+    """The newest checkpoint of another run (its run directory, or its checkpoints directory), at
+    or below step `at_most` when given, read-only: how a stage experiment (`train.init_from`)
+    starts from an earlier run (see marin/train/init_from.py)."""
     source = Path(source)
     directory = source if source.name == "checkpoints" else checkpoint_dir(source)
     if not directory.is_dir():
         raise NoCheckpointError(f"{directory} does not exist")
     manager = _manager(directory.resolve(), read_only=True)
     try:
-        return _restore_newest(manager, template_state, str(directory), set_aside=False)[:2]
+        return _restore_newest(manager, template_state, str(directory), set_aside=False, at_most=at_most)[:2]
     finally:
         manager.close()

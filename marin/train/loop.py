@@ -27,7 +27,9 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-def run_local(composed, resolved, overrides) -> dict:
+def run_local(composed, resolved, overrides, on_created=None) -> dict:
+    """Create the run record, then train here; `on_created(record)` is called in between
+    (verify=true keeps the record of its replay)."""
     from mlflow.exceptions import MlflowException
 
     from marin.data.loader import Loader
@@ -60,6 +62,8 @@ def run_local(composed, resolved, overrides) -> dict:
     except (backend.TrackingUnavailable, MlflowException, OSError) as err:
         fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {str(err).splitlines()[0]}")
     print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
+    if on_created is not None:
+        on_created(rec)
     try:
         return train(resolved, rec, loader)
     except NonFiniteLoss as err:
@@ -157,6 +161,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.optim import build_optimizer, lr_at
     from marin.track.expert_load import ExpertLoadLog
     from marin.train import preempt
+    from marin.track import backend, record as run_record
+    from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
     from marin.train.step import jit_steps
@@ -179,10 +185,15 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         restored_from = ckpt.restored_from
         loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
         log.info("resumed from step %d (%s)", int(state.step), restored_from)
-    elif cfg.train.init_from:  # a stage continuing another run (context extension)
-        state, saved = restore_from(cfg.train.init_from, state)
+    elif cfg.train.init_from:  # a stage continuing another run (context extension), from <run>[@<step>]
+        start_at = init_from.locate(cfg.train.init_from, rec.tracking_uri, backend.out_dir(cfg))
+        state, saved = restore_from(start_at.checkpoints, state, at_most=start_at.step)
         loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
-        log.info("initialised from %s at step %d", cfg.train.init_from, int(state.step))
+        log.info("init from %s step %d (%s)", start_at.run_dir, int(state.step),
+                 "the newest" if start_at.asked is None else f"asked {start_at.asked}")
+        if process == 0:
+            run_record.update_info(rec, init_from={"run_dir": str(start_at.run_dir), "step": int(state.step),
+                                                   "asked": start_at.asked})
     if on_restored is not None:
         on_restored(int(state.step))
 
