@@ -113,6 +113,7 @@ RANGES: dict[str, Range] = {
     "train.checkpoint.every_steps": count(0), "train.checkpoint.keep_last": count(0),
     "train.checkpoint.permanent_every": count(0), "train.checkpoint.every_minutes": NON_NEGATIVE,
     # root
+    "verify_rtol": NON_NEGATIVE,
     "schema_version": count(Config.schema_version, Config.schema_version),
 }
 
