@@ -102,6 +102,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.launch.mesh import make_mesh
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
+    from marin.track.forecast_check import Check
     from marin.train import preempt
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
@@ -147,6 +148,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     flops_per_step = 3 * accounting.flops_per_token(cfg) * tokens_per_step
     peak = cfg.hardware.peak_flops_per_device * jax.device_count()
     eval_every = cfg.train.eval_every
+    check_forecast = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
     tracker.log_device_info()
 
     def meta(step: int) -> dict:
@@ -164,6 +166,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
             losses["eval/macro_loss"] = sum(losses.values()) / len(losses)
             progress.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         tracker.log_metrics(losses, step)
+        check_forecast(step, losses, progress.write)
         return losses
 
     progress = _progress(start, stop, process == 0)
