@@ -163,7 +163,7 @@ def test_a_ladder_registers_a_forecast_that_a_larger_run_checks(store, multirun_
     client = MlflowClient(store["uri"])
     parent_id = client.get_run(rungs[0].run_id).data.tags["mlflow.parentRunId"]
     path = tmp_path / f"{TARGET}.yaml"
-    argv = [parent_id, "--tracking-uri", store["uri"], "--target", TARGET, "--register", str(path), "--min-r2", "0"]
+    argv = [parent_id, "--tracking-uri", store["uri"], "--target", TARGET, "--register", str(path)]
     for o in short:
         argv += ["--set", o]
     assert forecast.main(argv) == 0
@@ -178,13 +178,14 @@ def test_a_ladder_registers_a_forecast_that_a_larger_run_checks(store, multirun_
     run = client.get_run(rec.run_id)
     history = {k: {m.step: m.value for m in client.get_metric_history(rec.run_id, k)}
                for k in ("eval/macro_loss", *(f"forecast/{m}" for m in forecast_check.METRICS))}
-    assert sorted(history["forecast/predicted"]) == list(range(1, 21))  # eval_every auto = 1: every 5%
-    for step, point in zip(range(1, 21), doc["points"]):
+    steps = list(range(1, 21))  # eval_every auto = 1: every 5% of 20 steps
+    assert sorted(history["forecast/predicted"]) == steps
+    for step, point in zip(steps, doc["points"]):
         actual = history["eval/macro_loss"][step]
         assert history["forecast/predicted"][step] == pytest.approx(point["predicted"])
         assert history["forecast/residual"][step] == pytest.approx(actual - point["predicted"])
         assert history["forecast/z"][step] == pytest.approx((actual - point["predicted"]) / point["sigma"])
-    outside = [s for s in range(1, 21) if not history["forecast/lower"][s] <= history["eval/macro_loss"][s]
+    outside = [s for s in steps if not history["forecast/lower"][s] <= history["eval/macro_loss"][s]
                <= history["forecast/upper"][s]]
     assert outside and outside[-1] == 20 and run.data.tags["forecast.alert"] == str(outside[0])
     assert run.info.status == "FINISHED"  # an alert does not stop training
