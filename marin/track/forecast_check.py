@@ -14,6 +14,7 @@ and its 95% band, the fit behind it and the ladder's run ids. Three parts, each 
 """
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 
 FORMAT = 1
 METRICS = ("predicted", "residual", "z", "lower", "upper")
+log = logging.getLogger("marin.forecast")
 POINT_KEYS = ("fraction", "C", "predicted", "lower", "upper", "sigma", "fit")
 
 
@@ -95,7 +97,11 @@ class Check:
         self.tracker, self.metric, self.alerted = tracker, metric, False
         self.points: dict[int, dict] = {}
         if getattr(cfg.forecast, "registered", None):
-            doc = read(cfg.forecast.registered)
+            try:
+                doc = read(cfg.forecast.registered)
+            except BadForecast as err:  # validated at launch, gone since: monitoring is no reason to stop
+                log.warning("forecast.registered: %s; training without the forecast check", err)
+                return
             self.metric = doc.get("metric", metric)
             H = horizon(cfg)
             # an evaluation lands on a point when its step is within half a step of fraction × horizon

@@ -140,6 +140,8 @@ def test_the_check_logs_at_registered_points_and_alerts_outside_the_band(tmp_pat
     assert len(lines) == 2 and lines[0].startswith("forecast alert: step 20 (10% of training)")
     assert "outside the registered band [3.3000, 3.7000]" in lines[0] and "training continues" in lines[0]
     assert fake.tags == {"forecast.alert": "20"}  # the first departure
+    path.unlink()  # gone since validation: the run trains on, unchecked
+    assert forecast_check.Check(cfg, fake).points == {}
 
 
 @pytest.mark.slow
