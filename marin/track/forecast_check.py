@@ -114,8 +114,8 @@ class Check:
         actual, predicted = float(losses[self.metric]), float(point["predicted"])
         lower, upper, sigma = float(point["lower"]), float(point["upper"]), float(point["sigma"])
         residual = actual - predicted
-        row = {"forecast/predicted": predicted, "forecast/residual": residual,
-               "forecast/z": residual / sigma if sigma > 0 else (0.0 if residual == 0 else math.copysign(math.inf, residual)),
+        z = residual / sigma if sigma > 0 else (0.0 if residual == 0 else math.copysign(math.inf, residual))
+        row = {"forecast/predicted": predicted, "forecast/residual": residual, "forecast/z": z,
                "forecast/lower": lower, "forecast/upper": upper}
         self.tracker.log_metrics({k: v for k, v in row.items() if math.isfinite(v)}, step)
         if not lower <= actual <= upper:
