@@ -8,6 +8,11 @@ config). E is fixed (1.5, as in the spec) and the fit is the linear regression o
 log C; ``--fit-E`` fits E as well (least squares on L). The target's C at the same point comes
 from its config alone (compose ``experiment=<target>``, as its dry run does). Prints a table,
 saves a plot and logs both to the sweep's parent run.
+
+``--register [PATH]`` also pre-registers the forecast (default ``conf/forecasts/<target>.yaml``):
+at each 5% point the predicted loss, its 95% band and the fit, with the ladder's run ids; a run
+with ``forecast.registered=<that file>`` checks itself against it (marin/track/forecast_check.py).
+A ladder or fit refused above, or a point without a band, writes nothing.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ LADDER_FREE = ("model.name", "model.d_model", "model.num_layers", "model.expert_
                "attention.kv_heads_global", "train.steps", "train.stop_after", "train.eval_every",
                "train.global_batch", "train.micro_batch", "train.log_every", "train.checkpoint.",
                "schedule.horizon_steps", "hardware.", "run.", "tracking.", "data.root", "data.cache_dir",
-               "dry_run", "wait", "reproduce", "resume")
+               "dry_run", "wait", "reproduce", "resume", "forecast.")
 
 
 class NotALadder(ValueError):
@@ -71,6 +76,7 @@ class Fit:
     points: list[tuple[float, float]]  # (C, L) of the rungs
     target_C: float | None = None
     band_fn: object = None             # C -> (low, high), the 95% band; None when it cannot be had
+    t95: float | None = None           # Student t quantile of that band (its half-width in standard errors)
 
     def predict(self, C: float) -> float:
         return self.E + self.A * C ** -self.alpha
@@ -234,7 +240,8 @@ def fit_at(rungs: list[Rung], fraction: float, E: float | None) -> Fit | None:
     total = np.sum((L - L.mean()) ** 2)
     r2 = 1.0 - np.sum((L - predicted) ** 2) / total if total > 0 else 0.0  # flat losses explain nothing
     band = band_with_E(C, L, E_fit, A, alpha) if E is None else band_fixed_E(C, L, E_fit, A, alpha)
-    return Fit(fraction, E_fit, A, alpha, float(r2), points, band_fn=band)
+    dof = len(points) - (3 if E is None else 2)
+    return Fit(fraction, E_fit, A, alpha, float(r2), points, band_fn=band, t95=_t95(dof) if band else None)
 
 
 def target_config(target: str, overrides: list[str]) -> Config:
@@ -280,15 +287,52 @@ def plot(fits: list[Fit], target: str, path: Path) -> Path:
 
 
 def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: float | None = DEFAULT_E,
-             target_overrides: list[str] = ()) -> tuple[list[Fit], Config]:
-    """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder."""
-    rungs = rungs_of(client, parent, metric)
-    check_ladder(rungs)
+             target_overrides: list[str] = (), rungs: list[Rung] | None = None) -> tuple[list[Fit], Config]:
+    """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder.
+    `rungs`, if given, is filled with the ladder's runs (for a registration)."""
+    found = rungs_of(client, parent, metric)
+    check_ladder(found)
+    if rungs is not None:
+        rungs[:] = found
     cfg = target_config(target, list(target_overrides))
-    fits = [f for f in (fit_at(rungs, frac, E) for frac in FRACTIONS) if f is not None]
+    fits = [f for f in (fit_at(found, frac, E) for frac in FRACTIONS) if f is not None]
     for fit in fits:
         fit.target_C = training_flops_per_step(cfg) * fit.fraction * horizon(cfg)
     return fits, cfg
+
+
+def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, metric: str,
+                 E: float | None, parent, overrides: list[str]) -> dict:
+    """The pre-registered forecast of `target` (the document `forecast_check.write` saves).
+    Raises NotALadder when a point has no band: a forecast without one cannot raise an alert."""
+    from datetime import datetime, timezone
+
+    points = []
+    for fit in fits:
+        band = fit.band(fit.target_C)
+        if band is None:
+            raise NotALadder(f"--register: the fit at {round(fit.fraction * 100)}% of training has no band "
+                             f"({len(fit.points)} rungs; a band needs 3 with E fixed, 4 with --fit-E)")
+        lower, upper = band
+        points.append({"fraction": fit.fraction, "C": float(fit.target_C),
+                       "predicted": float(fit.predict(fit.target_C)), "lower": float(lower), "upper": float(upper),
+                       "sigma": float((upper - lower) / (2 * fit.t95)),  # z = residual / sigma
+                       "fit": {"E": float(fit.E), "A": float(fit.A), "alpha": float(fit.alpha), "r2": float(fit.r2),
+                               "rungs": len(fit.points)}})
+    return {"target": target,
+            "target_C": int(accounting.train_flops(cfg, with_head=False)),
+            "target_overrides": list(overrides),
+            "horizon_steps": horizon(cfg),
+            "metric": metric,
+            "E": "fitted" if E is None else float(E),
+            "band": "95%: the regression's standard errors, Student t (rungs - 2 dof; - 3 with E fitted); "
+                    "sigma = band width / 2t",
+            "sweep": {"parent_run_id": parent.info.run_id, "name": parent.data.tags.get("sweep"),
+                      "dir": parent.data.tags.get("sweep_dir")},
+            "ladder": [{"name": r.name, "run_id": r.run_id, "steps": r.steps, "flops_per_step": float(r.flops_per_step)}
+                       for r in rungs],
+            "registered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "points": points}
 
 
 def _band_text(fit: Fit) -> str:
@@ -316,16 +360,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-E", action="store_true", help="fit E too instead of fixing it")
     parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
     parser.add_argument("--out", type=Path, help="the plot's path (default: the sweep directory)")
+    parser.add_argument("--register", nargs="?", const="", metavar="PATH",
+                        help="pre-register the forecast (default: conf/forecasts/<target>.yaml) for a run "
+                             "with forecast.registered=<that file> to check itself against")
     parser.add_argument("--tracking-uri")
     parser.add_argument("--out-dir", help="where sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         client, parent = sweep.open_parent(args.sweep, args.tracking_uri, args.out_dir)
-        fits, _ = forecast(client, parent, args.target, args.metric, None if args.fit_E else args.E, args.set)
+        E, rungs = None if args.fit_E else args.E, []
+        fits, cfg = forecast(client, parent, args.target, args.metric, E, args.set, rungs)
         if not fits:
             raise NotALadder("no point of training has enough rungs with a loss above E to fit")
         check_fit(fits[-1], args.min_r2)
+        registered = None
+        if args.register is not None:
+            from marin.config.store import project_path
+            from marin.track import forecast_check
+
+            doc = registration(fits, rungs, cfg, args.target, args.metric, E, parent, args.set)
+            registered = forecast_check.write(project_path(args.register or f"conf/forecasts/{args.target}.yaml"), doc)
     except (sweep.SweepNotFound, backend.TrackingUnavailable, ValueError) as err:
         return fail(err)
     except Exception as err:  # the target does not compose, the store answers with an error
@@ -349,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     client.log_dict(run_id, {"target": args.target, "metric": args.metric, "fits": rows},
                     f"forecast/forecast-{args.target}.json")
     client.log_metric(run_id, f"forecast/{args.target}", final.predict(final.target_C))
+    if registered is not None:
+        client.log_artifact(run_id, str(registered), "forecast")
+        print(f"registered: {registered} (run with forecast.registered={registered})")
     print(f"plot: {path} (logged to MLflow run {run_id})")
     return 0
 

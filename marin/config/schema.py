@@ -258,6 +258,12 @@ class PlanConfig:
 
 
 @dataclass
+class ForecastConfig:
+    """A pre-registered loss forecast this run is checked against (`marin/track/forecast_check.py`)."""
+    registered: Optional[str] = None     # conf/forecasts/<experiment>.yaml from `marin.forecast --register`
+
+
+@dataclass
 class Config:
     """The root: group choices plus top-level settings (`conf/config.yaml`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -271,6 +277,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
     dry_run: Any = False                 # false | true | json | compile
     reproduce: Optional[str] = None      # run directory or MLflow run id
     reproduce_trust: bool = False        # apply a saved config's hardware.env/xla_flags/setup even where they differ from the shipped option

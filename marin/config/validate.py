@@ -118,6 +118,7 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     """Checks between fields of a resolved config."""
     from marin.data.mixture import check as check_data  # pure Python, no JAX
     from marin.optim.decay import check as check_decay  # pure Python, no JAX
+    from marin.track.forecast_check import check_config as check_forecast
 
     m, a, r, hw, t = cfg.model, cfg.attention, cfg.router, cfg.hardware, cfg.train
     problems = []
@@ -184,6 +185,7 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
     problems += check_data(cfg)
+    problems += check_forecast(cfg)  # reads forecast.registered (YAML), no JAX
     return problems
 
 

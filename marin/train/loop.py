@@ -160,6 +160,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.model import accounting
     from marin.optim import build_optimizer, lr_at
     from marin.track.expert_load import ExpertLoadLog
+    from marin.track.forecast_check import Check
     from marin.train import preempt
     from marin.track import backend, record as run_record
     from marin.train import init_from
@@ -210,6 +211,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     flops_per_step = 3 * accounting.flops_per_token(cfg) * tokens_per_step
     peak = cfg.hardware.peak_flops_per_device * jax.device_count()
     eval_every = cfg.train.eval_every
+    check_forecast = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
     tracker.log_device_info()
 
     def meta(step: int) -> dict:
@@ -229,6 +231,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
             losses["eval/macro_loss"] = sum(dropless) / len(dropless)
             progress.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         tracker.log_metrics(losses, step)
+        check_forecast(step, losses, progress.write)
         return losses
 
     progress = _progress(start, stop, process == 0)
