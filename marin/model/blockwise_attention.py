@@ -35,9 +35,8 @@ NEG = -1e30          # masked score: finite, so a block with nothing to read sta
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                         is_global: jax.Array, window: int, scale: float, block: int | None = None) -> jax.Array:
     """softmax(q·kᵀ·scale + mask) · v for q, k, v [B, T, H, h] (K/V already one per query head),
-    segment_ids [B, T]; returns [B, T, H, h] float32. T need not be a multiple of `block` (default
-    BLOCK): the
-    tail is padded with segment 0 (read by nothing) and cut off again."""
+    segment_ids [B, T]; returns [B, T, H, h] float32. T need not be a multiple of `block`
+    (default BLOCK): the tail is padded with segment 0 (read by nothing) and cut off again."""
     seq = q.shape[1]
     block = min(block or BLOCK, seq)
     pad = -seq % block
