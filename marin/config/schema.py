@@ -68,7 +68,7 @@ class AttentionConfig:
     xsa: bool = True                     # exclusive self-attention
     output_gate: bool = True             # per-head gate 2·sigmoid(x·W_gate)
     conv_k: bool = True                  # causal conv after the K projection (model.conv_kernel taps)
-    impl: str = "auto"                   # auto | blockwise | cudnn | reference; auto = cudnn on gpu, blockwise elsewhere
+    impl: str = "auto"                   # auto | blockwise | cudnn | reference; auto = cudnn on gpu in bf16, blockwise elsewhere
 
 
 @dataclass

@@ -15,8 +15,9 @@ exclusive self-attention (XSA) removes from each head's output its component alo
 position's own value vector; a per-head output gate 2·sigmoid(x·W_gate) starts at 1.
 
 The masked softmax itself runs in the kernel `attention.impl` names (`attend`): `reference` forms
-the whole [B, H, T, T] score matrix (tests); `blockwise` (`blockwise_attention.py`) never does, and
-local layers visit only the key blocks inside their window; `cudnn` is cuDNN's fused kernel (GPU).
+the whole [B, H, T, T] score matrix (tests); `blockwise` (`blockwise_attention.py`) never does
+beyond one block (a shorter sequence is that one tile), and local layers visit only the key
+blocks inside their window; `cudnn` is cuDNN's fused kernel (GPU).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 
 from marin.config import derive
 from marin.config.schema import Config
-from marin.model.blockwise_attention import blockwise_attention
+from marin.model import blockwise_attention as blockwise
 from marin.model.conv import causal_conv, identity_kernel_init
 from marin.model.norms import matmul, matrix_init, rms_normalize
 
@@ -94,10 +95,10 @@ def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax
     head); every kernel applies `attention_mask`'s rule and the 1/√h scale."""
     if impl == "cudnn":
         return cudnn_attention(q, k, v, segment_ids, is_global, window)
-    if impl == "blockwise":
-        return blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
-    if impl == "reference":
-        return reference_attention(q, k, v, segment_ids, is_global, window)
+    if impl == "blockwise" and q.shape[1] > blockwise.BLOCK:
+        return blockwise.blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
+    if impl in ("blockwise", "reference"):  # blockwise on one block: the [T, T] scores are that tile,
+        return reference_attention(q, k, v, segment_ids, is_global, window)  # and plain autodiff is faster
     raise ValueError(f"attention.impl: must be one of auto, blockwise, cudnn, reference; got {impl!r}")
 
 
@@ -125,13 +126,13 @@ def cudnn_attention(q, k, v, segment_ids, is_global, window, implementation="cud
             q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
             local_window_size=local_window, implementation=implementation).astype(jnp.float32)
 
-    def blockwise():
+    def packed_documents():
         return attend("blockwise", q, k, v, segment_ids, is_global, window)
 
     # One document (ids ≤ 1) then padding (non-increasing ids) in every row: cuDNN's masks suffice.
     one_document = jnp.all(segment_ids <= 1) & jnp.all(segment_ids[:, 1:] <= segment_ids[:, :-1])
     branch = jnp.where(one_document, 1 + jnp.asarray(is_global, jnp.int32), 0)
-    return jax.lax.switch(branch, [blockwise, lambda: fused((window - 1, 0)), lambda: fused(None)])
+    return jax.lax.switch(branch, [packed_documents, lambda: fused((window - 1, 0)), lambda: fused(None)])
 
 
 class Attention(nn.Module):

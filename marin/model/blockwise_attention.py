@@ -35,17 +35,18 @@ NEG = -1e30          # masked score: finite, so a block with nothing to read sta
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                         is_global: jax.Array, window: int, scale: float, block: int | None = None) -> jax.Array:
     """softmax(q·kᵀ·scale + mask) · v for q, k, v [B, T, H, h] (K/V already one per query head),
-    segment_ids [B, T]; returns [B, T, H, h] float32. T need not be a multiple of `block` (default
-    BLOCK): the
-    tail is padded with segment 0 (read by nothing) and cut off again."""
+    segment_ids [B, T]; returns [B, T, H, h] float32. T need not be a multiple of `block`
+    (default BLOCK): the tail is padded with segment 0 (read by nothing) and cut off again."""
     seq = q.shape[1]
     block = min(block or BLOCK, seq)
     pad = -seq % block
     if pad:
         widen = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
         q, k, v, segment_ids = widen(q), widen(k), widen(v), widen(segment_ids)
+    # Heads ahead of positions inside the kernel: every block product is then a plain batched matmul.
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
     out = _attention(q, k, v, segment_ids, jnp.asarray(is_global), window, scale, block)
-    return out[:, :seq]
+    return jnp.swapaxes(out, 1, 2)[:, :seq]
 
 
 def _doc_starts(segment_ids: jax.Array) -> jax.Array:
@@ -68,13 +69,14 @@ def _key_blocks(i, doc_starts, is_global, window: int, block: int):
 
 
 def _block_inputs(i, block, *arrays):
-    """Rows i·block .. (i+1)·block − 1 (axis 1) of each array."""
-    return [lax.dynamic_slice_in_dim(x, i * block, block, axis=1) for x in arrays]
+    """Positions i·block .. (i+1)·block − 1 of each array: [B, H, T, h] → [B, H, block, h],
+    segment ids [B, T] → [B, block]."""
+    return [lax.dynamic_slice_in_dim(x, i * block, block, axis=2 if x.ndim == 4 else 1) for x in arrays]
 
 
 def _scores(q_i, k_j, seg_q, seg_k, i, j, is_global, window, scale, block):
     """Masked scores [B, H, bq, bk] float32 and the mask [B, 1, bq, bk]."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q_i, k_j, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("bhqd,bhkd->bhqk", q_i, k_j, preferred_element_type=jnp.float32) * scale
     distance = (i * block + jnp.arange(block))[:, None] - (j * block + jnp.arange(block))[None, :]
     allowed = (distance >= 0) & (is_global | (distance < window))
     allowed = allowed & (seg_q[:, :, None] == seg_k[:, None, :]) & (seg_k != 0)[:, None, :]
@@ -88,8 +90,8 @@ def _attention(q, k, v, segment_ids, is_global, window, scale, block):
 
 
 def _forward(q, k, v, segment_ids, is_global, window, scale, block):
-    """(out [B, T, H, h] float32, lse [B, H, T] float32)."""
-    batch, seq, heads, h = q.shape
+    """(out [B, H, T, h] float32, lse [B, H, T] float32) of q, k, v [B, H, T, h]."""
+    batch, heads, seq, h = q.shape
     doc_starts = _doc_starts(segment_ids)
 
     def query_block(i):
@@ -102,7 +104,7 @@ def _forward(q, k, v, segment_ids, is_global, window, scale, block):
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
-            o = o * correction[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), v_j,
+            o = o * correction[..., None] + jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v_j,
                                                        preferred_element_type=jnp.float32)
             return o, m_new, l * correction + jnp.sum(p, axis=-1)
 
@@ -110,10 +112,10 @@ def _forward(q, k, v, segment_ids, is_global, window, scale, block):
                 jnp.full((batch, heads, block), NEG, jnp.float32),
                 jnp.zeros((batch, heads, block), jnp.float32))
         o, m, l = lax.fori_loop(*_key_blocks(i, doc_starts, is_global, window, block), key_block, init)
-        return jnp.swapaxes(o / l[..., None], 1, 2), m + jnp.log(l)   # every row reads itself: l > 0
+        return o / l[..., None], m + jnp.log(l)   # every row reads itself: l > 0
 
-    out, lse = lax.map(query_block, jnp.arange(seq // block))   # [n, B, bq, H, h], [n, B, H, bq]
-    out = jnp.moveaxis(out, 0, 1).reshape(batch, seq, heads, h)
+    out, lse = lax.map(query_block, jnp.arange(seq // block))   # [n, B, H, bq, h], [n, B, H, bq]
+    out = jnp.moveaxis(out, 0, 2).reshape(batch, heads, seq, h)
     lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, seq)
     return out, lse
 
@@ -127,9 +129,9 @@ def _attention_bwd(window, scale, block, residuals, d_out):
     """One pass over query blocks; each recomputes its probabilities block by block, adds its
     dq locally and its dk, dv into full-length accumulators (O(T) each)."""
     q, k, v, segment_ids, is_global, out, lse = residuals
-    seq = q.shape[1]
+    seq = q.shape[2]
     doc_starts = _doc_starts(segment_ids)
-    delta = jnp.einsum("bqhd,bqhd->bhq", d_out, out)          # rowsum(dO ∘ O) [B, H, T]
+    delta = jnp.sum(d_out * out, axis=-1)                      # rowsum(dO ∘ O) [B, H, T]
     mm = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
     def query_block(i, grads):
@@ -142,18 +144,18 @@ def _attention_bwd(window, scale, block, residuals, d_out):
             k_j, v_j, seg_k = _block_inputs(j, block, k, v, segment_ids)
             s, allowed = _scores(q_i, k_j, seg_q, seg_k, i, j, is_global, window, scale, block)
             p = jnp.where(allowed, jnp.exp(s - lse_i[..., None]), 0.0)
-            ds = p * (mm("bqhd,bkhd->bhqk", do_i, v_j) - delta_i[..., None]) * scale
-            dv_j = mm("bhqk,bqhd->bkhd", p.astype(v.dtype), do_i)
-            dk_j = mm("bhqk,bqhd->bkhd", ds.astype(q.dtype), q_i)
-            dq_i = dq_i + mm("bhqk,bkhd->bqhd", ds.astype(k.dtype), k_j)
+            ds = p * (mm("bhqd,bhkd->bhqk", do_i, v_j) - delta_i[..., None]) * scale
+            dv_j = mm("bhqk,bhqd->bhkd", p.astype(v.dtype), do_i)
+            dk_j = mm("bhqk,bhqd->bhkd", ds.astype(q.dtype), q_i)
+            dq_i = dq_i + mm("bhqk,bhkd->bhqd", ds.astype(k.dtype), k_j)
             add = lambda acc, x: lax.dynamic_update_slice_in_dim(  # noqa: E731
-                acc, lax.dynamic_slice_in_dim(acc, j * block, block, axis=1) + x, j * block, axis=1)
+                acc, lax.dynamic_slice_in_dim(acc, j * block, block, axis=2) + x, j * block, axis=2)
             return dq_i, add(dk, dk_j), add(dv, dv_j)
 
         dq_i = jnp.zeros(q_i.shape, jnp.float32)
         first, stop = _key_blocks(i, doc_starts, is_global, window, block)
         dq_i, dk, dv = lax.fori_loop(first, stop, key_block, (dq_i, dk, dv))
-        return lax.dynamic_update_slice_in_dim(dq, dq_i, i * block, axis=1), dk, dv
+        return lax.dynamic_update_slice_in_dim(dq, dq_i, i * block, axis=2), dk, dv
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
     dq, dk, dv = lax.fori_loop(0, seq // block, query_block, (zeros(q), zeros(k), zeros(v)))

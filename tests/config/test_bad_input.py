@@ -21,6 +21,8 @@ CASES = [
     (["model.hiden=3"], "hiden"),
     (["train.steps=abc"], "train.steps"),
     (["attention.num_heads=7"], "attention.num_heads"),
+    (["attention.impl=flash"], "attention.impl"),
+    (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
     (["router.top_k=9"], "router.top_k"),
     (["model.num_experts=0"], "model.num_experts"),
     (["optim.lr=-0.1"], "optim.lr"),

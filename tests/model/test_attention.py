@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin.model import blockwise_attention
 from marin.model.attention import Attention, apply_rope, attention_mask, exclude_self_value, kv_head_index
 from marin.model.conv import CausalConv, causal_conv
 from marin.model.norms import GatedNorm, RMSNorm
@@ -64,7 +65,8 @@ def _reads(module, params, x, is_global):
 
 @pytest.mark.parametrize("impl", ["reference", "blockwise"])
 @pytest.mark.parametrize("is_global", [False, True])
-def test_attention_reads_only_allowed_positions(is_global, impl):
+def test_attention_reads_only_allowed_positions(monkeypatch, is_global, impl):
+    monkeypatch.setattr(blockwise_attention, "BLOCK", 4)   # three blocks of the 12 positions
     cfg = _cfg(f"attention.impl={impl}")
     module, params, x = _init_attention(cfg)
     reads = _reads(module, params, x, is_global)
