@@ -108,6 +108,10 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
         problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
                          "full or dots; got model.remat none"))
+    if cfg.optim.offload and cfg.optim.name == "muonh" and cfg.optim.grad_clip is not None:
+        problems.append(("optim.grad_clip", "with optim.offload under muonh the experts' fp32 masters and "
+                         "gradients stay in host memory, read one layer at a time; global-norm clipping "
+                         f"would read them whole: set optim.grad_clip=null or optim.offload=false; got {cfg.optim.grad_clip}"))
     start, end = cfg.train.stage_start, cfg.train.stage_end
     if start is not None and end is not None and not start < end:
         problems.append(("train.stage_end", f"must be above train.stage_start ({start}); got {end}"))
