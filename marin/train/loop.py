@@ -166,7 +166,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
-    from marin.train.step import jit_steps
+    from marin.train.step import hyperparams, jit_steps
 
     process = jax.process_index()
     mesh = make_mesh(cfg)
@@ -199,6 +199,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         on_restored(int(state.step))
 
     train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)
+    hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
 
     def to_global(batch):
         return {k: jax.make_array_from_process_local_data(batch_spec, v) for k, v in batch.items()
@@ -272,7 +273,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     try:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
-            state, metrics = train_step(state, batch)
+            state, metrics = train_step(state, batch, hp)
             if pending is not None:
                 now = time.perf_counter()
                 record_step(pending[0], pending[1], now - last_time)
