@@ -28,7 +28,7 @@ class Job:
     state: str
     slurm_job: str | None
     slurm_state: str | None
-    step: int | None      # steps done (the last logged step + 1)
+    step: int | None      # steps done (the last logged step: optimizer step n logs at n)
     loss: float | None
     total: int | None = None  # the steps it will run (train.stop_after or train.steps)
 
@@ -95,7 +95,7 @@ def reconcile(client, parent) -> tuple[list[Job], str | None]:
             status = "FAILED"
         step, loss = _latest(client, run_id, LOSS)
         label = sweep.child_name(json.loads(kid.data.tags.get("sweep_overrides", "[]"))) or kid.info.run_name
-        jobs.append(Job(run_id, label, status, slurm_job, slurm_state, None if step is None else step + 1, loss,
+        jobs.append(Job(run_id, label, status, slurm_job, slurm_state, step, loss,
                         _total(kid.data.params)))
     closed = sweep.close_if_done(client, parent.info.run_id)
     return jobs, closed

@@ -257,7 +257,7 @@ def compile_steps(cfg) -> dict:
     from marin.launch.mesh import MeshError, make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import batch_sharding, check_host_memory, init_state, state_sharding
-    from marin.train.step import jit_steps
+    from marin.train.step import hyperparams, jit_steps
 
     r = replica_config(cfg)
     if (cfg.optim.offload or cfg.model.offload_carry) and (why := check_host_memory()) is not None:
@@ -282,7 +282,8 @@ def compile_steps(cfg) -> dict:
         per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
         carry = f"f32[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
     staging = staged_bytes(abstract, shardings) if r.optim.offload else 0.0
-    return {"train_step": step_report(train_step, state, batch, carry_shape=carry, staging=staging),
+    hp = hyperparams(r, mesh)  # the optimizer's numbers: an input of the step
+    return {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging),
             "eval_step": step_report(eval_step, state, batch)}
 
 

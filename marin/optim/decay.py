@@ -99,30 +99,35 @@ class DecayState(NamedTuple):
     count: object  # int32 scalar: updates applied so far, the schedules' step
 
 
-def rule_schedule(rule: DecayRule):
-    """An optax schedule, step → coefficient: `value` at `start`, linear to 0 at `end`, 0 outside."""
+def rule_schedule(rule: DecayRule, numbers=None):
+    """An optax schedule, step → coefficient: `value` at `start`, linear to 0 at `end`, 0 outside.
+    `numbers` = (value, start, end), possibly traced (`marin.optim.hparams`); default: the rule's."""
     import jax.numpy as jnp
 
-    start, end, value = float(rule.start), float(rule.end), float(rule.value)
+    value, start, end = numbers if numbers is not None else (rule.value, rule.start, rule.end)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    start, end, value = f32(start), f32(end), f32(value)
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32)
-        line = jnp.interp(step, jnp.array([start, end], jnp.float32), jnp.array([value, 0.0], jnp.float32))
+        line = jnp.interp(step, jnp.stack([start, end]), jnp.stack([value, f32(0.0)]))
         return jnp.where(step >= start, line, 0.0)
 
     return schedule
 
 
-def scheduled_decay(learning_rate, rules: list[DecayRule], group: str):
+def scheduled_decay(learning_rate, rules: list[DecayRule], group: str, numbers=None):
     """The last transform of `group`: update ← update − lr(step) · wd_rule(step) · w on the
-    leaves a rule covers. `learning_rate` is the group's optax schedule (or a float)."""
+    leaves a rule covers. `learning_rate` is the group's optax schedule (or a float); `numbers`
+    one (value, start, end) per rule, in place of the rules' own (see `rule_schedule`)."""
     import jax
     import jax.numpy as jnp
     import optax
 
     from marin.optim.muonh import on_host, per_layer
 
-    schedules = [(rule, rule_schedule(rule)) for rule in rules]
+    numbers = numbers if numbers is not None else [None] * len(rules)
+    schedules = [(rule, rule_schedule(rule, n)) for rule, n in zip(rules, numbers, strict=True)]
 
     def init_fn(params):
         del params

@@ -69,6 +69,14 @@ def lr_schedule(cfg: Config, peak: float):
     return lambda count: peak * multiplier(count)
 
 
+def interp_schedule(peak, xs, ys):
+    """The same schedule from arrays (possibly traced: `marin.optim.hparams`), so neither the
+    peak nor the breakpoints are constants of the compiled step."""
+    import jax.numpy as jnp
+
+    return lambda count: peak * jnp.interp(jnp.asarray(count, jnp.float32), xs, ys)
+
+
 def lr_at(cfg: Config, step: int) -> dict[str, float]:
     """{group: lr} applied at `step` (for logging; plain NumPy, no device work)."""
     scale = float(np.interp(step, *breakpoints(cfg)))

@@ -132,7 +132,7 @@ def run_start(source: record.RunRecord, recorded: dict) -> int:
     if started is not None:
         return int(started)
     if source.resolved().train.get("init_from"):
-        return min(step for _, step in recorded)
+        return min(step for _, step in recorded) - 1  # optimizer step n logs at n
     return 0
 
 
@@ -163,16 +163,17 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     if not first <= a < b <= last:
         raise VerifyError(f"verify_steps: must lie within the steps of run {source.run_id}, {first}:{last}; "
                           f"got {a}:{b}")
-    steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s <= a]
+    # step a's metrics come from the update after checkpoint a − 1 (optimizer step n logs at n)
+    steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s < a]
     overrides = [f"train.stop_after={b}"]
     if steps:
         start = steps[-1]
-        overrides.append(f"train.init_from='{source.run_dir}@{a}'")  # restores `start`, the newest ≤ a
-    elif a == first:
+        overrides.append(f"train.init_from='{source.run_dir}@{a - 1}'")  # restores `start`, the newest < a
+    elif a <= first + 1:
         start = first  # the run's own beginning: its config starts there (fresh, or its own init_from)
     else:
         have = listed_steps(checkpoint_dir(source.run_dir))
-        raise VerifyError(f"verify_steps: run {source.run_id} has no checkpoint at or below step {a} to start "
+        raise VerifyError(f"verify_steps: run {source.run_id} has no checkpoint below step {a} to start "
                           f"from (checkpoints: {', '.join(map(str, have)) or 'none'}); start the window at "
                           f"{first} (the run's start) or at a checkpoint")
     return Plan(source, recorded, where, start, b, overrides)

@@ -166,7 +166,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_state, state_sharding
-    from marin.train.step import jit_steps
+    from marin.train.step import hyperparams, jit_steps
 
     process = jax.process_index()
     mesh = make_mesh(cfg)
@@ -199,6 +199,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         on_restored(int(state.step))
 
     train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)
+    hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
 
     def to_global(batch):
         return {k: jax.make_array_from_process_local_data(batch_spec, v) for k, v in batch.items()
@@ -241,29 +242,32 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     summary = {}
 
     def record_step(step, metrics, seconds):
+        """Log the metrics of the update from state `step`: optimizer step n = step + 1, so the
+        metrics of step n, the eval and checkpoint after it, and `marin.status` all say n."""
         nonlocal summary
+        n = step + 1
         metrics = jax.device_get(metrics)
         values = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
         per_layer = {f"train/{k.removesuffix('_per_layer')}/layer_{i}": float(x)
                      for k, v in metrics.items() if np.ndim(v) == 1 for i, x in enumerate(v)}
         if not math.isfinite(values["loss"]):
             if restored_from is not None and step - start < RESTORE_SUSPECT_STEPS:
-                raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}, {step - start + 1} step(s) "
+                raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {n}, {n - start} step(s) "
                                     f"after restoring {restored_from}: that checkpoint's state is the likely cause "
                                     "(move it aside to resume from the one before it)")
-            raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {step}: stopping. "
+            raise NonFiniteLoss(f"non-finite loss ({values['loss']}) at step {n}: stopping. "
                                 "Lower optim.lr or check the data; the last checkpoint is kept.")
         tps = tokens_per_step / seconds if seconds > 0 else float("nan")
         row = {f"train/{k}": v for k, v in values.items()} | per_layer
         row.update({"train/tokens_per_s": tps, "train/model_flops_per_s": flops_per_step / seconds})
         if peak > 0:
             row["train/mfu"] = flops_per_step / seconds / peak
-        lrs = lr_at(cfg, step)  # {group: lr}; train/lr is the Adam(W) one, groups beside it
+        lrs = lr_at(cfg, step)  # {group: lr} this update applied (the schedule counts from 0); train/lr is the Adam(W) one
         row["train/lr"] = lrs.get("adamw", lrs.get("adam"))
         if len(lrs) > 1:
             row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
-        if step % cfg.train.log_every == 0 or step == stop - 1:
-            tracker.log_metrics(row, step)
+        if n % cfg.train.log_every == 0 or n == stop:
+            tracker.log_metrics(row, n)
         if "expert_load" in metrics and loads.wants(step, last=step == stop - 1):
             loads.add(step, metrics["expert_load"])
         progress.update(step, values["loss"], tps)
@@ -272,7 +276,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     try:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
-            state, metrics = train_step(state, batch)
+            state, metrics = train_step(state, batch, hp)
             if pending is not None:
                 now = time.perf_counter()
                 record_step(pending[0], pending[1], now - last_time)

@@ -11,8 +11,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from marin.model import routers, transformer
+from marin.optim import build_optimizer
 from marin.optim.muonh import fetch, on_host, per_layer
 from marin.train.state import TrainState
 
@@ -82,7 +84,9 @@ def make_train_step(cfg, tx, mesh):
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
         return grads, metrics
 
-    def train_step(state: TrainState, batch):
+    def train_step(state: TrainState, batch, hp=None):
+        # hp: the optimizer's numbers as inputs (marin.optim.hparams); None = tx as given
+        opt = tx if hp is None else build_optimizer(cfg, hp)
         bias = routers.router_bias(state.router_state, cfg)
         if n_micro == 1:
             grads, metrics = grads_of(state.params, batch, bias)
@@ -99,7 +103,7 @@ def make_train_step(cfg, tx, mesh):
             (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
             grads, metrics = jax.tree.map(lambda x: x / n_micro, (grads, metrics))
         opt_state = opt_state_to_device(state.opt_state) if offload else state.opt_state
-        updates, opt_state = tx.update(grads, opt_state, state.params)
+        updates, opt_state = opt.update(grads, opt_state, state.params)
         if offload:  # back to pinned host memory (its place in the state's out_shardings)
             opt_state = to_memory(opt_state, jax.memory.Space.Host)
         params = apply_updates(state.params, updates)
@@ -121,14 +125,46 @@ def make_train_step(cfg, tx, mesh):
 def jit_steps(cfg, tx, mesh, shardings):
     """(train_step, eval_step) jitted exactly as the loop runs them: the state in `shardings`
     (marin.train.state.state_sharding) and donated to the train step, batches split over the
-    batch axes. `dry_run=compile` lowers these same two functions."""
+    batch axes. `dry_run=compile` lowers these same two functions.
+
+    train_step(state, batch, hp) takes the optimizer's numbers `hp` (`hyperparams(cfg)`) as an
+    input: configs differing only in those share one jitted step in this process (memoised on
+    `marin.optim.hparams.structure_key`) and one program in the persistent compilation cache."""
+    from marin.optim.hparams import structure_key
+
+    leaves, treedef = jax.tree.flatten(shardings)
+    key = (structure_key(cfg), mesh, treedef, tuple(leaves))
+    if key not in _JITTED:
+        _JITTED.clear()  # one model per process at a time: do not pin old executables
+        _JITTED[key] = _jit_steps(cfg, tx, mesh, shardings)
+    return _JITTED[key]
+
+
+_JITTED: dict = {}
+
+
+def _jit_steps(cfg, tx, mesh, shardings):
+    from jax.sharding import NamedSharding, PartitionSpec
+
     from marin.train.state import batch_sharding
 
     batch_spec = batch_sharding(mesh)
-    train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec),
+    replicated = NamedSharding(mesh, PartitionSpec())
+    train_step = jax.jit(make_train_step(cfg, tx, mesh), in_shardings=(shardings, batch_spec, replicated),
                          out_shardings=(shardings, None), donate_argnums=0)
     eval_step = jax.jit(make_eval_step(cfg, mesh), in_shardings=(shardings, batch_spec))
     return train_step, eval_step
+
+
+def hyperparams(cfg, mesh):
+    """The train step's `hp` input of `cfg`, replicated over `mesh` (built once per run)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from marin.optim.hparams import values
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, replicated, lambda idx: x[idx]),
+                        jax.tree.map(np.asarray, values(cfg)))
 
 
 def make_eval_step(cfg, mesh):

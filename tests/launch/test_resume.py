@@ -54,7 +54,7 @@ def test_stopped_local_run_resumes_with_a_shortened_horizon(tmp_path):
     assert run.data.params["schedule.horizon_steps"] == "None"            # params stay as first logged
     assert "record/resolved.resume-1.yaml" in [a.path for a in client.list_artifacts(run_id, "record")]
     steps = sorted({m.step for m in client.get_metric_history(run_id, "train/loss")})
-    assert steps == list(range(12))                                        # 0..5, then 6..11: one run, no gap
+    assert steps == list(range(1, 13))                                     # 1..6, then 7..12: one run, no gap
     assert run.info.status == "FINISHED"
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
@@ -191,7 +191,7 @@ def test_resume_runs_to_the_end_without_the_first_stop_after(stopped_run, capsys
 
     resume([f"resume={stopped_run.run_dir}"])
     client = MlflowClient(stopped_run.tracking_uri)
-    assert sorted({m.step for m in client.get_metric_history(stopped_run.run_id, "train/loss")}) == list(range(16))
+    assert sorted({m.step for m in client.get_metric_history(stopped_run.run_id, "train/loss")}) == list(range(1, 17))
     assert client.get_run(stopped_run.run_id).info.status == "FINISHED"
     info = json.loads((stopped_run.run_dir / "record.json").read_text())
     assert len(info["resumes"]) == 1 and "train.stop_after" not in info["resumes"][0]["changes"]

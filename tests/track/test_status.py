@@ -28,8 +28,8 @@ def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monk
     recs = [record.create(*multirun_job(i, "sweep=router_ablation", f"router={r}")) for i, r in enumerate(routers)]
     client = MlflowClient(store["uri"])
     done = tracker.Tracker(recs[0])
-    for step in range(3):
-        done.log_metrics({"train/loss": 4.0 - step}, step)
+    for step in range(1, 4):  # optimizer step n logs at n
+        done.log_metrics({"train/loss": 5.0 - step}, step)
     done.finish("FINISHED")
     client.set_tag(recs[1].run_id, "slurm_job_id", "77_1")      # set by the Slurm launcher
     record.update_info(recs[2], slurm_jobs=["77_2"])            # or kept in record.json

@@ -83,11 +83,11 @@ def test_window_starts_from_the_checkpoint_below_it(original, capsys, caplog):
     before = runs(tmp)
     with caplog.at_level("INFO", logger="marin.train"):
         assert launch(f"reproduce={rec.run_id}", "verify=true", "verify_steps=3:5", *site) == 0
-    assert f"init from {rec.run_dir} step 2 (asked 3)" in caplog.text
+    assert f"init from {rec.run_dir} step 2 (asked 2)" in caplog.text
     assert "identical" in capsys.readouterr().out
     replay = replay_of(tmp, before)
     steps = {json.loads(line)["step"] for line in (replay / "metrics.jsonl").read_text().splitlines()}
-    assert steps == {2, 3, 4, 5}   # trained 2…4 from checkpoint 2; the closing eval at 5
+    assert steps == {3, 4, 5}   # steps 3…5 trained from checkpoint 2; the closing eval at 5
 
 
 @pytest.mark.slow

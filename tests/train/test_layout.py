@@ -57,7 +57,7 @@ def losses(cfg, devices):
     from marin.data.loader import Loader
     from marin.launch.mesh import make_mesh
     from marin.train.state import state_sharding
-    from marin.train.step import jit_steps
+    from marin.train.step import hyperparams, jit_steps
 
     mesh = make_mesh(cfg, devices)
     tx = build_optimizer(cfg)
@@ -70,7 +70,7 @@ def losses(cfg, devices):
     for step in range(cfg.train.steps):
         batch = {k: v for k, v in loader.batch(step).items() if k != "source_counts"}
         batch = jax.device_put(batch, spec) if spec is not None else batch
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step(state, batch, hyperparams(cfg, mesh))
         out.append(float(metrics["loss"]))
     host = sorted({x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)})
     masters = sorted({"/".join(str(getattr(k, "key", k)) for k in path[-1:]) for path, x in

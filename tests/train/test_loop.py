@@ -63,4 +63,4 @@ def test_context_extension_stage_starts_from_another_runs_checkpoint(tmp_path):
     assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * math.log(2)))
     train(cfg, stage)
     steps = [m.step for m in MlflowClient(stage.tracking_uri).get_metric_history(stage.run_id, "train/loss")]
-    assert sorted(steps) == [4, 5, 6, 7]  # the stage picks up where the first run stopped
+    assert sorted(steps) == [5, 6, 7, 8]  # the stage picks up where the first run stopped (4 steps taken)
