@@ -57,7 +57,7 @@ def _describe(changes: dict) -> str:
 def _recompose(source, overrides: list[str], previous: dict):
     """(composed, resolved, changes against `previous`) of the run with `overrides`."""
     from marin.config.validate import ConfigError
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import record
     from marin.track.reproduce import ReproduceError, recompose
 
@@ -76,7 +76,7 @@ def _recompose(source, overrides: list[str], previous: dict):
 
 
 def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import backend, record
     from marin.track.reproduce import _lookup_uri, _out_dir
     from marin.train.checkpoint import checkpoint_dir
@@ -156,7 +156,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
 def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
     """Exit 2, before anything is written, if the new config's train state cannot take the
     newest checkpoint (compares jax.eval_shape of the state with orbax's stored metadata)."""
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure
 
     try:
