@@ -69,9 +69,10 @@ def _recompose(source, overrides: list[str], previous: dict):
         fail(f"resume: {err}")
     except ConfigError as err:
         fail("resume: invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
-    for cfg in (composed, resolved):  # a continuation, not a reproduction
+    for cfg in (composed, resolved):  # a continuation, not a reproduction: its own store and folder
         cfg.reproduce = None
         cfg.tracking.uri = source.tracking_uri
+        cfg.run.out_dir = previous["run"]["out_dir"]
     return composed, resolved, changes_between(previous, record.config_dict(resolved))
 
 
@@ -199,6 +200,5 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
             client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
                            f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
                            f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
-        log.info("resume %d changes %s", n, _describe(changes))
     client.set_tag(rec.run_id, "resumes", str(n))
     record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

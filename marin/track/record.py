@@ -51,6 +51,11 @@ ENV_PREFIXES = ("SLURM_", "JAX_", "XLA_", "PJRT_", "CUDA_", "NCCL_", "NVIDIA_", 
                 "MARIN_", "OMP_", "TPU_")
 
 
+# Folders tools write into the project that are no source: they never make a run "dirty" (`mlflow ui`
+# started in the project keeps its artifacts in ./mlartifacts, a file store in ./mlruns).
+NOT_SOURCE = ("mlartifacts", "mlruns", "outputs")
+
+
 class RecordError(LookupError):
     """A run that does not exist or lacks a config; the message names what is missing."""
 
@@ -130,7 +135,7 @@ def _git(*args: str) -> str | None:
 def git_state() -> tuple[dict, str]:
     """(commit, dirty flag, untracked files) and the diff against HEAD."""
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
-    status = _git("status", "--porcelain") or ""
+    status = _git("status", "--porcelain", "--", ".", *(f":(exclude){d}" for d in NOT_SOURCE)) or ""
     untracked = [line[3:] for line in status.splitlines() if line.startswith("??")]
     diff = (_git("diff", "HEAD", "--binary") or "") if commit else ""
     return {"commit": commit, "dirty": bool(status.strip()), "untracked": untracked}, diff
@@ -151,9 +156,30 @@ def environment() -> dict[str, str]:
     return secrets.redact(dict(sorted(chosen.items())))
 
 
+def config_search_path() -> list[str]:
+    """The config folders this job was composed with besides the project's conf/ (`--config-dir`,
+    `hydra.searchpath`), as Hydra URLs with absolute paths: reproduce=/resume= compose with them
+    again (marin.track.reproduce). Empty outside @hydra.main."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        sources = HydraConfig.get().runtime.config_sources
+    except ValueError:  # not under Hydra (tests calling create directly)
+        return []
+    found = []
+    for source in sources:
+        if source.provider != "command-line" and not str(source.provider).startswith("hydra.searchpath"):
+            continue  # main (conf/), hydra's own, the schema store, the site folder (marin.config.site)
+        url = f"file://{os.path.abspath(source.path)}" if source.schema == "file" else f"{source.schema}://{source.path}"
+        if url not in found:
+            found.append(url)
+    return found
+
+
 def provenance() -> dict:
     git, diff = git_state()
     return {
+        "config_search_path": config_search_path(),
         "git": git,
         "packages": package_versions(),
         "python": sys.version.split()[0],

@@ -111,3 +111,22 @@ def test_values_past_the_param_limit_go_to_an_artifact(configure, store):
     assert "hardware.env.LONG_FLAG" not in client.get_run(rec.run_id).data.params
     path = client.download_artifacts(rec.run_id, "record/long_params.json", str(rec.run_dir / "dl"))
     assert json.loads(open(path).read())["hardware.env.LONG_FLAG"] == long_value
+
+
+def test_mlflow_ui_artifacts_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
+    """`mlflow ui` in the project writes ./mlartifacts: not a source change (even if not ignored)."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(record, "PROJECT_ROOT", tmp_path)
+    (tmp_path / "mlartifacts" / "0").mkdir(parents=True)
+    (tmp_path / "mlartifacts" / "0" / "model.pkl").write_text("artifact")
+    assert record.git_state()[0]["dirty"] is False
+    (tmp_path / "b.py").write_text("y = 2\n")
+    assert record.git_state()[0]["dirty"] is True
