@@ -80,6 +80,11 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
 
         compile_run(resolved)
         return
+    if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
+        from marin.track import record, secrets
+
+        print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
+        return
     if resolved.dry_run:
         from marin.launch.plan import print_plan
 
