@@ -7,6 +7,7 @@ A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` h
     overrides.yaml  the command-line overrides, in order
     record.json     provenance: MLflow run id, git commit/dirty flag, packages, platform, seeds
     git.diff        uncommitted changes at creation (when the tree was dirty)
+    run.log         this process's log lines from creation on (masked)
 
 and the MLflow run gets the resolved config as flattened params, provenance as tags and the
 three config files as artifacts. Creation is all or nothing: a failure removes the directory and
@@ -43,6 +44,7 @@ from marin.track import backend, secrets
 log = logging.getLogger("marin.track")
 
 COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
+LOG = "run.log"  # the run's log lines (attach_log)
 # Leaves that do not change what is trained: left out of the config hash.
 UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait",
             "verify", "verify_steps", "verify_rtol")
@@ -310,8 +312,27 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         if made_parent:
             shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
         raise
+    rec = RunRecord(run_dir, run_id, uri, exp_name)
+    attach_log(rec)
     log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), exp_name)
-    return RunRecord(run_dir, run_id, uri, exp_name)
+    return rec
+
+
+def attach_log(rec: RunRecord) -> logging.Handler:
+    """From now on this process's log lines also go to <run dir>/run.log (masked like stderr), so
+    the run directory keeps its own log. Called where the record is made (process 0)."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
+        root.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(rec.path(LOG), encoding="utf-8")
+    handler.marin_run_log = True
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(secrets.MaskingFilter())
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    return handler
 
 
 def _log_params(client, run_id: str, resolved_tree: dict) -> None:

@@ -130,3 +130,14 @@ def test_mlflow_ui_artifacts_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
     assert record.git_state()[0]["dirty"] is False
     (tmp_path / "b.py").write_text("y = 2\n")
     assert record.git_state()[0]["dirty"] is True
+
+
+def test_run_directory_keeps_its_log_masked(configure, monkeypatch):
+    import logging
+
+    monkeypatch.setenv("MARIN_TEST_API_KEY", "s3cr3t-value-123")
+    composed, resolved, overrides = configure("run.name=logged")
+    rec = record.create(composed, resolved, overrides)
+    logging.getLogger("marin.train").warning("step 3 loss 1.0 key s3cr3t-value-123")
+    text = (rec.run_dir / "run.log").read_text()
+    assert f"run {rec.run_id}" in text and "step 3 loss 1.0" in text and "s3cr3t-value-123" not in text
