@@ -85,7 +85,7 @@ class MarinLauncher(Launcher):
         return jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from marin.launch.entry import setup_logging
+        from marin.launch.cli import setup_logging
 
         setup_globals()
         setup_logging()
@@ -153,7 +153,7 @@ class MarinLauncher(Launcher):
     # ------------------------------------------------------------------ the sweep's parent
     def _begin_sweeps(self, jobs: list[Job]) -> list:
         """Make each sweep's parent run before any job and say where to watch it."""
-        from marin.launch.entry import fail
+        from marin.launch.cli import fail
         from marin.track import backend, sweep
 
         groups: dict[tuple, list[Job]] = {}
@@ -198,7 +198,7 @@ class MarinLauncher(Launcher):
     # ------------------------------------------------------------------ Slurm
     def _submit_array(self, jobs: list[Job]) -> list[tuple[int, JobReturn]]:
         from marin.launch import slurm
-        from marin.launch.entry import fail
+        from marin.launch.cli import fail
         from marin.track import backend, record
 
         records = []

@@ -15,19 +15,11 @@ import copy
 import math
 
 from marin.config.schema import AUTO, Config, HardwareConfig
-from marin.model import accounting
+from marin.model.counts import active_params, layer_is_global  # noqa: F401 (layer_is_global re-exported)
 
 
 def is_auto(value) -> bool:
     return isinstance(value, str) and value == AUTO
-
-
-def layer_is_global(num_layers: int, global_every: int, last_layer_global: bool) -> list[bool]:
-    """Layer i (0-based) is global when (i+1) % global_every == 0; the last one too if asked."""
-    pattern = [global_every > 0 and (i + 1) % global_every == 0 for i in range(num_layers)]
-    if last_layer_global and num_layers:
-        pattern[-1] = True
-    return pattern
 
 
 REMAT_MODES = ("none", "full", "dots")
@@ -158,7 +150,7 @@ def resolve(cfg: Config) -> Config:
 
     tokens_per_step = t.seq_len * t.global_batch
     if is_auto(t.steps):
-        t.steps = steps_from_budget(accounting.active_params(cfg), t.tokens_per_active_param, tokens_per_step)
+        t.steps = steps_from_budget(active_params(cfg), t.tokens_per_active_param, tokens_per_step)
 
     if t.stage_end < 1 and t.stop_after is None and isinstance(t.steps, int):
         t.stop_after = max(1, round(t.stage_end * t.steps))  # a stage stops where the next one starts

@@ -278,7 +278,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
-    dry_run: Any = False                 # false | true | json | compile
+    dry_run: Any = False                 # false | true | json | compile | config
     reproduce: Optional[str] = None      # run directory or MLflow run id
     reproduce_trust: bool = False        # apply a saved config's hardware.env/xla_flags/setup even where they differ from the shipped option
     verify: bool = False                 # with reproduce=: replay the run and compare every logged metric with its record

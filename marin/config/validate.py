@@ -100,8 +100,8 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, "compile"):
         problems.append(("model.ep_transport", "ragged needs a GPU (XLA:CPU cannot compile or run "
                          "ragged_all_to_all): use fixed or pooled on CPU, or dry_run=true to plan"))
-    if cfg.dry_run not in (False, True, "json", "compile"):
-        problems.append(("dry_run", f"must be false, true, json or compile; got {cfg.dry_run!r}"))
+    if cfg.dry_run not in (False, True, "json", "compile", "config"):
+        problems.append(("dry_run", f"must be false, true, json, compile or config; got {cfg.dry_run!r}"))
     if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
         problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
                          f"false = none); got {cfg.model.remat!r}"))

@@ -319,7 +319,7 @@ def fits(steps: dict, limit: float | None) -> tuple:
 def run(cfg) -> None:
     """The `dry_run=compile` entry: force the replica's devices, compile, print one JSON object.
     A config this machine cannot compile prints one line and exits with status 2."""
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
 
     devices = replica_devices(cfg)
     if "jax" in sys.modules:

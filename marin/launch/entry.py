@@ -15,34 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from marin.config.validate import ConfigError, load
+from marin.launch.cli import config_errors, fail, setup_logging  # noqa: F401 (the helpers' old home)
 
 log = logging.getLogger("marin")
-
-
-def setup_logging() -> None:
-    """Logs go to stderr, so `dry_run=json` keeps stdout for its one JSON object; stdout, stderr
-    and the log handlers mask secrets (values of secret-named variables and overrides)."""
-    from marin.track.secrets import guard_output
-
-    guard_output(sys.argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                            format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    guard_output()  # the handler just made gets the masking filter too
-
-
-def fail(message: str, code: int = 2) -> None:
-    from marin.track.secrets import mask
-
-    print(f"error: {mask(message)}", file=sys.stderr)
-    sys.exit(code)
-
-
-def config_errors(err: ConfigError, prefix: str = "") -> str:
-    """One line for one bad field; a header and one line per field for several."""
-    if len(err.problems) == 1:
-        return f"{prefix}invalid config: {err.problems[0][0]}: {err.problems[0][1]}"
-    return f"{prefix}invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems)
 
 
 def overrides() -> list[str]:
@@ -104,6 +79,11 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         from marin.launch.compile_plan import run as compile_run
 
         compile_run(resolved)
+        return
+    if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
+        from marin.track import record, secrets
+
+        print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
         return
     if resolved.dry_run:
         from marin.launch.plan import print_plan

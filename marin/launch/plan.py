@@ -14,6 +14,9 @@ import sys
 from marin.config import derive
 from marin.config.schema import Config
 from marin.model import accounting
+# The memory verdict is its own module: slurm.py refuses over-memory runs with it, and this module
+# describes the Slurm request with slurm.py's functions (no import circle).
+from marin.launch.memory import device_peak, fits, over_memory  # noqa: F401 (re-exported)
 
 MFU_FOR_DAYS = 0.2  # the low end of the published run's 20–23% MFU (spec §6)
 DATA_ROWS = 12      # the table lists the most repeated sources; the JSON lists all
@@ -87,32 +90,6 @@ def plan(cfg: Config) -> dict:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
     return out
-
-
-def fits(cfg: Config, estimate_gib: float) -> bool | None:
-    """Whether the estimate is within derive.memory_limit_gib; None where the hardware has no figure."""
-    limit = derive.memory_limit_gib(cfg.hardware)
-    return None if limit is None else estimate_gib <= limit
-
-
-def device_peak(cfg: Config) -> float:
-    """The larger of the train step's and the eval step's estimates (GiB per device)."""
-    return max(accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg))
-
-
-def over_memory(cfg: Config) -> str | None:
-    """One line with the figures when the run's memory estimate exceeds the device's usable
-    memory (None when it fits or the hardware has no figure)."""
-    hw = cfg.hardware
-    train, evaluation = accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg)
-    estimate = max(train, evaluation)
-    if fits(cfg, estimate) is not False:
-        return None
-    step = "train" if train >= evaluation else "eval"
-    return (f"memory: the estimate is {estimate:.1f} GiB per device ({step} step), over the {derive.memory_limit_gib(hw):.1f} GiB "
-            f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
-            f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
-            f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
 
 
 def submission(cfg: Config) -> dict:

@@ -57,7 +57,7 @@ def _describe(changes: dict) -> str:
 def _recompose(source, overrides: list[str], previous: dict):
     """(composed, resolved, changes against `previous`) of the run with `overrides`."""
     from marin.config.validate import ConfigError
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import record
     from marin.track.reproduce import ReproduceError, recompose
 
@@ -69,14 +69,15 @@ def _recompose(source, overrides: list[str], previous: dict):
         fail(f"resume: {err}")
     except ConfigError as err:
         fail("resume: invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
-    for cfg in (composed, resolved):  # a continuation, not a reproduction
+    for cfg in (composed, resolved):  # a continuation, not a reproduction: its own store and folder
         cfg.reproduce = None
         cfg.tracking.uri = source.tracking_uri
+        cfg.run.out_dir = previous["run"]["out_dir"]
     return composed, resolved, changes_between(previous, record.config_dict(resolved))
 
 
 def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import backend, record
     from marin.track.reproduce import _lookup_uri, _out_dir
     from marin.train.checkpoint import checkpoint_dir
@@ -156,7 +157,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
 def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
     """Exit 2, before anything is written, if the new config's train state cannot take the
     newest checkpoint (compares jax.eval_shape of the state with orbax's stored metadata)."""
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure
 
     try:
@@ -199,6 +200,5 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
             client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
                            f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
                            f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
-        log.info("resume %d changes %s", n, _describe(changes))
     client.set_tag(rec.run_id, "resumes", str(n))
     record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

@@ -134,7 +134,7 @@ def describe(cfg) -> str:
 
 def submit(composed, resolved, overrides: list[str]) -> None:
     """`launch.py` with a Slurm hardware: record, submit, print, return (or follow with wait)."""
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import backend, record as run_record
 
     if (problem := memory_problem(resolved)) is not None:
@@ -160,7 +160,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
 def memory_problem(resolved) -> str | None:
     """The refusal of a run whose memory estimate exceeds the device's usable memory (the dry
     run's figures), unless plan.allow_over_memory; checked before anything is written."""
-    from marin.launch.plan import over_memory  # pure Python
+    from marin.launch.memory import over_memory  # pure Python
 
     if resolved.plan.allow_over_memory:
         return None
@@ -279,7 +279,7 @@ def rebuild(composed_yaml: str):
 def job_main(composed_yaml: str, fields: dict, entry: str = DEFAULT_ENTRY):
     """What every task runs: preemption handler, distributed init, config, record, loop."""
     from marin.launch import distributed
-    from marin.launch.entry import setup_logging
+    from marin.launch.cli import setup_logging
     from marin.track.record import RunRecord
     from marin.train import preempt
 

@@ -15,69 +15,10 @@ import math
 from dataclasses import dataclass
 
 from marin.config.schema import Config
-
-
-@dataclass(frozen=True)
-class Shapes:
-    d: int
-    L: int
-    H: int
-    h: int
-    kv_local: int
-    kv_global: int
-    E: int
-    k: int
-    latent: int
-    I: int
-    S: int
-    I_s: int
-    V: int
-    r: int
-    conv: int
-    output_gate: bool
-    conv_k: bool
-    global_layers: tuple[bool, ...]
-
-    @classmethod
-    def of(cls, cfg: Config) -> "Shapes":
-        """Shapes of a resolved config (no ``auto`` leaves in the fields used here)."""
-        from marin.config.derive import layer_is_global  # local: derive imports this module
-
-        m, a = cfg.model, cfg.attention
-        return cls(
-            d=m.d_model, L=m.num_layers, H=int(a.num_heads), h=a.head_dim,
-            kv_local=int(a.kv_heads_local), kv_global=int(a.kv_heads_global),
-            E=m.num_experts, k=cfg.router.top_k, latent=int(m.latent_dim), I=int(m.expert_width),
-            S=m.num_shared_experts, I_s=int(m.shared_width), V=m.vocab_size,
-            r=m.gated_norm_rank, conv=m.conv_kernel, output_gate=a.output_gate, conv_k=a.conv_k,
-            global_layers=tuple(layer_is_global(m.num_layers, a.global_every, a.last_layer_global)),
-        )
-
-
-def _layer_matrices(s: Shapes, experts: int) -> int:
-    """One layer's weight matrices with `experts` routed experts counted."""
-    return (
-        2 * s.d * s.H * s.h            # Q and O
-        + 2 * s.d * s.kv_local * s.h   # K and V (the stored, local count)
-        + s.d * s.E                    # router
-        + experts * 3 * s.latent * s.I  # routed SwiGLU experts inside the latent
-        + 2 * s.d * s.latent           # latent down and up projections
-        + s.S * 3 * s.d * s.I_s        # shared experts
-    )
-
-
-def _embed_and_head(s: Shapes) -> int:
-    return 2 * s.V * s.d               # untied input embedding and output head
-
-
-def total_params_of(s: Shapes) -> int:
-    """Matrices only (the published 535.3B)."""
-    return _embed_and_head(s) + s.L * _layer_matrices(s, s.E)
-
-
-def active_params_of(s: Shapes) -> int:
-    """Active per token, non-embedding: only k experts, no embedding or head (the 22.76B)."""
-    return s.L * _layer_matrices(s, s.k)
+# The shapes and parameter counts live in counts.py, which marin.config.derive reads for the
+# token budget: this module builds on derive, never the other way round (no import circle).
+from marin.model.counts import (Shapes, _embed_and_head, _layer_matrices,  # noqa: F401 (re-exported)
+                                active_params_of, total_params_of)
 
 
 def _gated_norm(s: Shapes) -> int:

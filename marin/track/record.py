@@ -7,6 +7,7 @@ A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` h
     overrides.yaml  the command-line overrides, in order
     record.json     provenance: MLflow run id, git commit/dirty flag, packages, platform, seeds
     git.diff        uncommitted changes at creation (when the tree was dirty)
+    run.log         this process's log lines from creation on (masked)
 
 and the MLflow run gets the resolved config as flattened params, provenance as tags and the
 three config files as artifacts. Creation is all or nothing: a failure removes the directory and
@@ -43,12 +44,18 @@ from marin.track import backend, secrets
 log = logging.getLogger("marin.track")
 
 COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
+LOG = "run.log"  # the run's log lines (attach_log)
 # Leaves that do not change what is trained: left out of the config hash.
 UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait",
             "verify", "verify_steps", "verify_rtol")
 # Environment variables worth keeping for provenance (secret-looking ones are redacted).
 ENV_PREFIXES = ("SLURM_", "JAX_", "XLA_", "PJRT_", "CUDA_", "NCCL_", "NVIDIA_", "MLFLOW_", "HYDRA_",
                 "MARIN_", "OMP_", "TPU_")
+
+
+# Folders tools write into the project that are no source: they never make a run "dirty" (`mlflow ui`
+# started in the project keeps its artifacts in ./mlartifacts, a file store in ./mlruns).
+NOT_SOURCE = ("mlartifacts", "mlruns", "outputs")
 
 
 class RecordError(LookupError):
@@ -130,7 +137,7 @@ def _git(*args: str) -> str | None:
 def git_state() -> tuple[dict, str]:
     """(commit, dirty flag, untracked files) and the diff against HEAD."""
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
-    status = _git("status", "--porcelain") or ""
+    status = _git("status", "--porcelain", "--", ".", *(f":(exclude){d}" for d in NOT_SOURCE)) or ""
     untracked = [line[3:] for line in status.splitlines() if line.startswith("??")]
     diff = (_git("diff", "HEAD", "--binary") or "") if commit else ""
     return {"commit": commit, "dirty": bool(status.strip()), "untracked": untracked}, diff
@@ -151,9 +158,30 @@ def environment() -> dict[str, str]:
     return secrets.redact(dict(sorted(chosen.items())))
 
 
+def config_search_path() -> list[str]:
+    """The config folders this job was composed with besides the project's conf/ (`--config-dir`,
+    `hydra.searchpath`), as Hydra URLs with absolute paths: reproduce=/resume= compose with them
+    again (marin.track.reproduce). Empty outside @hydra.main."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        sources = HydraConfig.get().runtime.config_sources
+    except ValueError:  # not under Hydra (tests calling create directly)
+        return []
+    found = []
+    for source in sources:
+        if source.provider != "command-line" and not str(source.provider).startswith("hydra.searchpath"):
+            continue  # main (conf/), hydra's own, the schema store, the site folder (marin.config.site)
+        url = f"file://{os.path.abspath(source.path)}" if source.schema == "file" else f"{source.schema}://{source.path}"
+        if url not in found:
+            found.append(url)
+    return found
+
+
 def provenance() -> dict:
     git, diff = git_state()
     return {
+        "config_search_path": config_search_path(),
         "git": git,
         "packages": package_versions(),
         "python": sys.version.split()[0],
@@ -284,8 +312,27 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         if made_parent:
             shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
         raise
+    rec = RunRecord(run_dir, run_id, uri, exp_name)
+    attach_log(rec)
     log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), exp_name)
-    return RunRecord(run_dir, run_id, uri, exp_name)
+    return rec
+
+
+def attach_log(rec: RunRecord) -> logging.Handler:
+    """From now on this process's log lines also go to <run dir>/run.log (masked like stderr), so
+    the run directory keeps its own log. Called where the record is made (process 0)."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
+        root.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(rec.path(LOG), encoding="utf-8")
+    handler.marin_run_log = True
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(secrets.MaskingFilter())
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    return handler
 
 
 def _log_params(client, run_id: str, resolved_tree: dict) -> None:

@@ -109,6 +109,21 @@ def _check_schema(saved: dict) -> None:
                          + (f"; fields that differ: {fields}" if fields else ""))
 
 
+def search_path_override(saved: list[str]) -> list[str]:
+    """`hydra.searchpath=[...]` for the folders the saved run was composed with (`--config-dir`,
+    `hydra.searchpath`, kept in record.json) and this job's own; [] when there are none. A saved
+    folder that is gone is a ReproduceError naming it (Hydra would only say an option is missing)."""
+    urls = list(saved)
+    for url in record.config_search_path():  # this command line's --config-dir / hydra.searchpath
+        if url not in urls:
+            urls.append(url)
+    for url in saved:
+        if url.startswith("file://") and not Path(url[len("file://"):]).is_dir():
+            raise ReproduceError(f"the run was composed with config folder {url[len('file://'):]} (--config-dir or "
+                                 "hydra.searchpath), which does not exist here; restore it to reproduce or resume the run")
+    return [f"hydra.searchpath=[{','.join(urls)}]"] if urls else []
+
+
 def _compose(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -199,12 +214,13 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     _check_interpolations({_key(o): o.split("=", 1)[-1] for o in kept}, f"{source.run_dir / record.OVERRIDES}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
 
+    search = search_path_override(source.info().get("config_search_path") or [])
     try:
-        base = flatten(_compose(kept))
+        base = flatten(_compose(search + kept))
     except Exception as err:
         raise ReproduceError(f"the saved overrides no longer compose with conf/: {_first_line(err)}") from None
     try:
-        wanted = flatten(_compose(kept + new))
+        wanted = flatten(_compose(search + kept + new))
     except Exception as err:
         raise ReproduceError(f"overrides do not apply to the saved config: {_first_line(err)}") from None
 

@@ -293,7 +293,7 @@ def _xla_flags(run: record.RunRecord) -> str:
 def verify(cfg, job_overrides: list[str]) -> None:
     """launch.py with verify=true: plan, recompose, replay here, compare; exits 0, 1 or 2."""
     from marin.config.validate import ConfigError
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track.reproduce import ReproduceError, recompose
 
     try:

@@ -34,7 +34,7 @@ def run_local(composed, resolved, overrides, on_created=None) -> dict:
 
     from marin.data.loader import Loader
     from marin.data.prepare import UnreadableSource
-    from marin.launch.entry import fail
+    from marin.launch.cli import fail
     from marin.track import backend, record as run_record
 
     out = backend.out_dir(resolved)

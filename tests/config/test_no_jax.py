@@ -28,3 +28,17 @@ def test_cfg_job_does_not_import_jax():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert "model:" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
+
+
+def test_dry_run_config_prints_the_resolved_yaml_without_jax():
+    """`dry_run=config`: the resolved config as YAML, every auto replaced, JAX not imported."""
+    import yaml
+
+    probe = ("import runpy, sys; sys.argv = ['launch.py', 'model=tiny', 'train.steps=auto', 'dry_run=config']\n"
+             "try:\n    runpy.run_path('launch.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('jax' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
+    tree = yaml.safe_load(out.stdout)
+    assert isinstance(tree["train"]["steps"], int) and isinstance(tree["attention"]["num_heads"], int)
+    assert "auto" not in out.stdout.split(), out.stdout

@@ -183,13 +183,19 @@ def test_nan_right_after_a_restore_names_the_checkpoint(stopped_run, tmp_path, c
     assert "non-finite loss" in line and str(copy.run_dir / "checkpoints" / "7") in line and "lr" not in line
 
 
-def test_resume_runs_to_the_end_without_the_first_stop_after(stopped_run, capsys):
-    """Last in the module: it continues the shared run (steps 6..15)."""
+def test_resume_runs_to_the_end_without_the_first_stop_after(stopped_run, capsys, caplog):
+    """Last in the module: it continues the shared run (steps 6..15). Its changes are shown once."""
+    import logging
+
     from mlflow import MlflowClient
 
     from marin.launch.resume import resume
 
-    resume([f"resume={stopped_run.run_dir}"])
+    with caplog.at_level(logging.INFO):
+        resume([f"resume={stopped_run.run_dir}", "schedule.horizon_steps=16"])
+    shown = capsys.readouterr()
+    assert (shown.out + shown.err + caplog.text).count("schedule.horizon_steps: None → 16") == 1
+    assert "run.out_dir" not in shown.out  # the run keeps its own folder: not a change
     client = MlflowClient(stopped_run.tracking_uri)
     assert sorted({m.step for m in client.get_metric_history(stopped_run.run_id, "train/loss")}) == list(range(1, 17))
     assert client.get_run(stopped_run.run_id).info.status == "FINISHED"

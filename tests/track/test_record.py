@@ -111,3 +111,33 @@ def test_values_past_the_param_limit_go_to_an_artifact(configure, store):
     assert "hardware.env.LONG_FLAG" not in client.get_run(rec.run_id).data.params
     path = client.download_artifacts(rec.run_id, "record/long_params.json", str(rec.run_dir / "dl"))
     assert json.loads(open(path).read())["hardware.env.LONG_FLAG"] == long_value
+
+
+def test_mlflow_ui_artifacts_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
+    """`mlflow ui` in the project writes ./mlartifacts: not a source change (even if not ignored)."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(record, "PROJECT_ROOT", tmp_path)
+    (tmp_path / "mlartifacts" / "0").mkdir(parents=True)
+    (tmp_path / "mlartifacts" / "0" / "model.pkl").write_text("artifact")
+    assert record.git_state()[0]["dirty"] is False
+    (tmp_path / "b.py").write_text("y = 2\n")
+    assert record.git_state()[0]["dirty"] is True
+
+
+def test_run_directory_keeps_its_log_masked(configure, monkeypatch):
+    import logging
+
+    monkeypatch.setenv("MARIN_TEST_API_KEY", "s3cr3t-value-123")
+    composed, resolved, overrides = configure("run.name=logged")
+    rec = record.create(composed, resolved, overrides)
+    logging.getLogger("marin.train").warning("step 3 loss 1.0 key s3cr3t-value-123")
+    text = (rec.run_dir / "run.log").read_text()
+    assert f"run {rec.run_id}" in text and "step 3 loss 1.0" in text and "s3cr3t-value-123" not in text

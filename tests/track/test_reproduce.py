@@ -157,3 +157,40 @@ def test_every_hardware_option_round_trips(hardware, store):
         resume([f"resume={made.run_dir}", "dry_run=true", f"run.out_dir={store['out']}"], dry_run=True)
     out = printed.getvalue()
     assert f"resuming run {made.run_id}" in out and "changes:" not in out
+
+
+def _record_under_hydra(store, tmp_path, extra_dir, *overrides):
+    """A run composed as launch.py composes it with `hydra.searchpath` (HydraConfig set)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from marin.config.store import CONF_DIR, register
+    from marin.config.validate import load
+
+    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={tmp_path}", *overrides]
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{extra_dir}]", *overrides],
+                      return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        task = cfg.copy()
+        with open_dict(task):
+            del task["hydra"]
+        return record.create(*load(task), overrides)
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+def test_config_dir_of_the_run_is_used_again_and_a_gone_one_is_one_line(store, tmp_path):
+    extra = tmp_path / "site_conf"
+    (extra / "experiment").mkdir(parents=True)
+    (extra / "experiment" / "mine.yaml").write_text("# @package _global_\ntrain:\n  seed: 11\n")
+    rec = _record_under_hydra(store, tmp_path, extra, "experiment=mine")
+    assert rec.info()["config_search_path"] == [f"file://{extra}"]
+    _, resolved, _ = recompose(str(rec.run_dir), [f"run.out_dir={tmp_path}"])  # no --config-dir given again
+    assert resolved.train.seed == 11
+    extra.rename(tmp_path / "moved")
+    with pytest.raises(ReproduceError, match=rf"config folder {extra} .*does not exist here"):
+        recompose(str(rec.run_dir), [f"run.out_dir={tmp_path}"])
