@@ -232,6 +232,8 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 #   D  one fp32 dispatch buffer, E·C rows of max(ℓ, I) (marin/model/dispatch.py, expert_parallel.py);
 #   LAT one fp32 [tokens, ℓ] array (the latent: down-projected, normed, combined);
 #   LC one chunk of fp32 logits [micro, LOSS_CHUNK, V];  HV the head (or embedding) [d, V] fp32;
+#   LCD the same chunk for the whole per-device batch: with micro-batches the backward of the
+#       loss's take_along_axis (a scatter-add) is formed that wide by the partitioner (as compiled);
 #   W  one layer's non-expert weights in fp32, gathered whole under FSDP (and their gradient).
 # The "copies" of each are calibrated on the compiled ladder rungs, stages and hero (their table
 # and the 20% check: tests/launch/test_memory_plan.py). XLA:CPU computes bf16 matmuls in fp32, so
@@ -246,7 +248,7 @@ LOSS_CHUNK = 512              # as marin/model/transformer.py: positions per chu
 PHASES = ("forward", "loss", "backward", "update")
 # Calibrated (see above): copies of each array live at the phase's high-water mark.
 FORWARD = {"D": 3.0, "X": 10.0, "HV": 3.0}
-LOSS = {"LC": 2.0, "HV": 4.0, "X": 13.0}
+LOSS = {"LC": 1.0, "LCD": 1.0, "HV": 4.0, "X": 13.0}
 BACKWARD = {"D": 6.0, "X": 28.0, "A": 13.0, "LAT": 5.0, "HV": 1.0, "W": 3.0}
 UPDATE_LEAF = 2.0             # whole-leaf fp32 temporaries of the largest stacked leaf (momentum, direction)
 NS_COPIES = 6.0               # Newton–Schulz temporaries of one layer's slice of a matrix leaf
@@ -346,8 +348,9 @@ def _state(cfg: Config) -> dict[str, float]:
     return out
 
 
-def _units(cfg: Config, tokens: int, micro: int, eval_dispatch: bool = False) -> dict[str, float]:
-    """The arrays of the module comment, in bytes per device, for `micro` sequences (`tokens`)."""
+def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch: bool = False) -> dict[str, float]:
+    """The arrays of the module comment, in bytes per device, for `micro` sequences (`tokens`)
+    of the `per_device` a device holds in a step."""
     s, m = Shapes.of(cfg), cfg.model
     unbounded = eval_dispatch and m.eval_dropless and m.eval_dispatch == "unbounded"
     cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
@@ -355,6 +358,7 @@ def _units(cfg: Config, tokens: int, micro: int, eval_dispatch: bool = False) ->
     chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
     return {"X": tokens * s.d * FP32, "A": tokens * s.H * s.h * FP32, "LAT": tokens * s.latent * FP32,
             "D": s.E * cap * max(s.latent, s.I) * FP32, "LC": micro * chunk * s.V * FP32,
+            "LCD": per_device * chunk * s.V * FP32,
             "HV": s.d * s.V * FP32, "W": _state(cfg)["layer_weights"]}
 
 
@@ -383,7 +387,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     micro = int(t.micro_batch)
     n_micro = micro_batches(cfg)
     tokens = micro * t.seq_len                                    # one micro-batch on one device
-    u = _units(cfg, tokens, micro)
+    u = _units(cfg, tokens, micro, per_device)
     state = _state(cfg)
     params = state["params"]
     offload = bool(cfg.optim.offload)
@@ -423,8 +427,8 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
 
 
 def eval_memory_per_device(cfg: Config) -> float:
-    """GiB per device of the eval step: the state it is passed (the optimizer state too unless
-    offloaded) and the per-device batch in one forward pass (no micro-batches, nothing saved):
+    """GiB per device of the eval step: the parameters (jit drops the optimizer state, which the
+    step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
     dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
     gives every expert room for all T tokens."""
@@ -432,9 +436,8 @@ def eval_memory_per_device(cfg: Config) -> float:
 
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
-    u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True)
-    state = _state(cfg)
-    resident = state["params"] + (0.0 if cfg.optim.offload else state["moments"]) + 16 * per_device * t.seq_len
+    u = _units(cfg, per_device * t.seq_len, per_device, per_device, eval_dispatch=True)
+    resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
     layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
     loss = EVAL["LC"] * u["LC"] + EVAL["HV"] * u["HV"]
     return (resident + max(layer, loss)) / GIB
