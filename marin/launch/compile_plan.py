@@ -102,7 +102,7 @@ def _split_top(text: str) -> list[str]:
 def host_bytes(hlo: str, carry_shape: str | None = None) -> dict[str, float]:
     """Bytes in pinned host memory per device, from the compiled HLO: entry arguments, outputs
     and aliased outputs (entry_computation_layout and input_output_alias: memory space S(5)),
-    the largest host argument (`staging`, see `step_report`), and temporaries.
+    and temporaries.
 
     XLA:CPU drops in-program placements (a `device_put` to host inside `jit` lowers to nothing
     on CPU), so the stacked layer carries that `model.offload_carry` sends to pinned host memory
@@ -119,8 +119,7 @@ def host_bytes(hlo: str, carry_shape: str | None = None) -> dict[str, float]:
     if carry_shape and carry_shape in hlo:
         temp = sum(b for b, _ in _shapes(carry_shape))
     return {"argument": sum(arg_host), "output": sum(out_host), "temp": temp,
-            "alias": sum(out_host[i] for i in aliased if i < len(out_host)),
-            "staging": max(arg_host, default=0.0)}
+            "alias": sum(out_host[i] for i in aliased if i < len(out_host))}
 
 
 def _group_size(line: str) -> int:
@@ -190,12 +189,13 @@ def collectives(hlo: str) -> dict[str, dict]:
     return {k: {"count": int(c), "gib": round(b / GIB, 4)} for k, (c, b) in counts.items()}
 
 
-def step_report(lowered_fn, *args, carry_shape: str | None = None, offload: bool = False) -> dict:
+def step_report(lowered_fn, *args, carry_shape: str | None = None, staging: float = 0.0) -> dict:
     """Compile one jitted step on abstract inputs; its memory and collectives.
 
-    With the optimizer state offloaded (`offload`), the update reads it on the device: XLA:CPU
-    computes on host buffers in place, XLA:GPU copies each leaf in and out. The largest host
-    leaf (`offload_staging_gib`) is added to the device peak: the least any schedule stages."""
+    With the optimizer state offloaded, the update reads it on the device: XLA:CPU computes on
+    host buffers in place, XLA:GPU copies each leaf in and out. `staging` (bytes, see
+    `staged_bytes`: the largest host leaf the step copies in whole; `offload_staging_gib`) is
+    added to the device peak: the least any schedule stages."""
     t0 = time.perf_counter()
     lowered = lowered_fn.lower(*args)
     t1 = time.perf_counter()
@@ -207,8 +207,7 @@ def step_report(lowered_fn, *args, carry_shape: str | None = None, offload: bool
     # On backends that report host memory themselves (GPU) the device figures exclude it already.
     if ma.host_argument_size_in_bytes or ma.host_temp_size_in_bytes:
         host = {"argument": ma.host_argument_size_in_bytes, "output": ma.host_output_size_in_bytes,
-                "alias": ma.host_alias_size_in_bytes, "temp": ma.host_temp_size_in_bytes,
-                "staging": 0.0}
+                "alias": ma.host_alias_size_in_bytes, "temp": ma.host_temp_size_in_bytes}
         device = {"argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes,
                   "alias": ma.alias_size_in_bytes, "temp": ma.temp_size_in_bytes}
     else:
@@ -216,7 +215,6 @@ def step_report(lowered_fn, *args, carry_shape: str | None = None, offload: bool
                   "output": ma.output_size_in_bytes - host["output"],
                   "alias": ma.alias_size_in_bytes - host["alias"],
                   "temp": max(0, ma.temp_size_in_bytes - host["temp"])}
-    staging = host["staging"] if offload else 0.0
     peak = device["argument"] + device["output"] - device["alias"] + device["temp"] + staging
     return {
         "argument_gib": round(device["argument"] / GIB, 6),
@@ -230,6 +228,24 @@ def step_report(lowered_fn, *args, carry_shape: str | None = None, offload: bool
         "lower_s": round(t1 - t0, 2),
         "compile_s": round(t2 - t1, 2),
     }
+
+
+def staged_bytes(state, shardings) -> float:
+    """Per device, the largest leaf of the offloaded optimizer state that the train step copies
+    to the device whole (marin.train.step.opt_state_to_device). MuonH's momentum and the
+    offloaded fp32 masters are streamed one layer at a time instead: their slices are device
+    temporaries of the compiled loop, in XLA's own figure."""
+    import jax
+    import numpy as np
+
+    from marin.train.state import HOST
+    from marin.train.step import streamed
+
+    sizes = [np.prod(s.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+             for (path, leaf), s in zip(jax.tree_util.tree_flatten_with_path(state.opt_state)[0],
+                                        jax.tree.leaves(shardings.opt_state))
+             if s.memory_kind == HOST and not streamed(path)]
+    return float(max(sizes, default=0.0))
 
 
 def compile_steps(cfg) -> dict:
@@ -265,7 +281,8 @@ def compile_steps(cfg) -> dict:
 
         per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
         carry = f"f32[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
-    return {"train_step": step_report(train_step, state, batch, carry_shape=carry, offload=r.optim.offload),
+    staging = staged_bytes(abstract, shardings) if r.optim.offload else 0.0
+    return {"train_step": step_report(train_step, state, batch, carry_shape=carry, staging=staging),
             "eval_step": step_report(eval_step, state, batch)}
 
 

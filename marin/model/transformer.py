@@ -39,21 +39,29 @@ EXPERT_LEAVES = ("w_gate", "w_up", "w_down")
 
 
 def gathered(module, cfg: Config, mesh):
-    """`module` whose weights are all-gathered where they are used (FSDP, `hardware.mesh.fsdp`).
+    """`module` whose weights are brought where they are used, one layer at a time.
 
-    The state keeps each weight sharded inside the replica; an explicit constraint to
-    replicated at its use makes XLA all-gather one layer at a time (inside the layer scan and,
-    with remat, again in the backward pass) and reduce-scatter the gradient, instead of letting
-    the partitioner split the matmuls over the batch's own axes. Expert weights stay split."""
-    if mesh is None or not cfg.hardware.mesh.fsdp:
+    FSDP (`hardware.mesh.fsdp`): the state keeps each weight sharded inside the replica; an
+    explicit constraint to replicated at its use makes XLA all-gather one layer at a time (inside
+    the layer scan and, with remat, again in the backward pass) and reduce-scatter the gradient,
+    instead of letting the partitioner split the matmuls over the batch's own axes. Expert
+    weights stay split. Expert weights in pinned host memory (fp32 masters offloaded,
+    marin.train.state) are copied to the device here, a layer's slice at a time; the transpose
+    of that copy sends the slice's gradient back to host memory."""
+    if mesh is None:
         return module
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from marin.optim.muonh import fetch
+
     replicated = NamedSharding(mesh, PartitionSpec())
+    fsdp = cfg.hardware.mesh.fsdp
 
     def gather(path, x):
         names = {getattr(k, "key", None) for k in path}
-        return x if names & set(EXPERT_LEAVES) else jax.lax.with_sharding_constraint(x, replicated)
+        if names & set(EXPERT_LEAVES):
+            return fetch(x)
+        return jax.lax.with_sharding_constraint(x, replicated) if fsdp else x
 
     return nn.map_variables(module, "params", trans_in_fn=lambda v: jax.tree_util.tree_map_with_path(gather, v),
                             init=False)

@@ -10,12 +10,15 @@ that merge is not expressible as a block sharding, so every step would reshard e
 matrix; its orthogonaliser is also not public API. Batched matmuls on [..., m, n] keep the
 leading axes — and their sharding — as they are. Momentum is optax's own `trace`.
 
-Stacked leaves ([L, m, n], [L, E, m, n]) are orthogonalised and stepped one layer at a time
-(`per_layer`, a `lax.map` over L): what the update holds at once is one layer's matrices and
-their Newton–Schulz temporaries, not the whole stack. The arithmetic per matrix is unchanged.
-For the 535B hero this is what keeps the train step on a GB200: with FSDP a whole stacked
-attention matrix gathered for the update is 6.75 GiB per device, and the expert leaves' fp32
-temporaries were 10 GiB each, many at once (README "What a CPU compile tells").
+MuonH runs fused, one layer at a time (`per_layer`, a loop over the stacked-layer axis L of
+[L, m, n] and [L, E, m, n] leaves): momentum, Newton–Schulz and the hyperball step of one
+layer's matrices, then the next. What the update holds at once is one layer's matrices and their
+temporaries, not the whole stack; the arithmetic per matrix is that of the optax chain
+trace(nesterov) → orthogonalise → hyperball, and the state has that chain's structure. Leaves in
+pinned host memory (`optim.offload`: the momentum, and the routed experts' fp32 masters with
+their gradients) are read one layer's slice at a time onto the device and written back the same
+way, so no whole host leaf is ever staged on the device. For the 535B hero this is what keeps
+the train step on a GB200 (README "What a CPU compile tells").
 """
 from __future__ import annotations
 
@@ -33,25 +36,45 @@ def matrix_norm(x: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
 
 
-def per_layer(fn, *arrays: jax.Array) -> jax.Array:
-    """`fn(*arrays)`, computed one slice of the leading (stacked-layer) axis at a time when the
-    arrays have more than two dims; `fn` treats leading dims as independent matrices and
-    returns the shape and dtype of `arrays[0]`. The leading axis is never split over the mesh
-    (marin.train.state), so each slice is local; the expert axis (sharded) stays batched.
+def on_host(x) -> bool:
+    """Whether traced `x` lives in pinned host memory (JAX tracks memory spaces in avals)."""
+    return getattr(jax.typeof(x), "memory_space", None) == jax.memory.Space.Host
 
-    The loop writes each result into the buffer of `arrays[0]` (its carry), slice by slice: a
-    `lax.map` would stack its results in a fresh zero-filled array, and XLA allocates those
-    early (one more whole leaf per map, live through the forward and backward passes)."""
+
+def fetch(x: jax.Array) -> jax.Array:
+    """`x` on the device: a host slice is copied in; a device array is returned as it is."""
+    return jax.device_put(x, jax.memory.Space.Device) if on_host(x) else x
+
+
+def store(like: jax.Array, x: jax.Array) -> jax.Array:
+    """`x` in the memory space of `like` (back to the host when `like` lives there)."""
+    return jax.device_put(x, jax.memory.Space.Host) if on_host(like) else x
+
+
+def per_layer(fn, *arrays: jax.Array, n_out: int = 1):
+    """`fn(*arrays)` one slice of the leading (stacked-layer) axis at a time when the arrays have
+    more than two dims; `fn` treats leading dims as independent matrices and returns `n_out`
+    results (one array, or a tuple when n_out > 1) shaped like one slice of `arrays[:n_out]`.
+
+    Result k is written into the buffer of `arrays[k]`, slice by slice (a loop carry, updated in
+    place): a `lax.map` would stack results in fresh zero-filled arrays, which XLA allocates
+    early, one more whole leaf per map. Slices of host arrays are fetched to the device and the
+    results stored back (`fetch`, `store`). The stacked axis is never split over the mesh
+    (marin.train.state), so each slice is local; the expert axis (sharded) stays batched."""
     first = arrays[0]
+    pack = (lambda r: r) if n_out > 1 else (lambda r: (r,))
     if first.ndim <= 2:
-        return fn(*arrays)
+        out = tuple(store(a, r.astype(a.dtype)) for a, r in zip(arrays, pack(fn(*map(fetch, arrays)))))
+        return out if n_out > 1 else out[0]
 
-    def body(i, out):
-        take = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
-        result = fn(take(out), *map(take, arrays[1:]))  # slice i of `out` is still the input's
-        return jax.lax.dynamic_update_index_in_dim(out, result.astype(out.dtype), i, 0)
+    def body(i, bufs):
+        take = lambda a: fetch(jax.lax.dynamic_index_in_dim(a, i, keepdims=False))
+        results = pack(fn(*map(take, bufs + arrays[n_out:])))  # slice i of each buffer is still the input's
+        return tuple(jax.lax.dynamic_update_index_in_dim(b, store(b, r.astype(b.dtype)), i, 0)
+                     for b, r in zip(bufs, results))
 
-    return jax.lax.fori_loop(0, first.shape[0], body, first)
+    out = jax.lax.fori_loop(0, first.shape[0], body, tuple(arrays[:n_out]))
+    return out if n_out > 1 else out[0]
 
 
 def orthogonalize(x: jax.Array, ns_steps: int = 5, eps: float = 1e-7, dtype=jnp.float32) -> jax.Array:
@@ -87,6 +110,18 @@ class HyperballState(NamedTuple):
     count: jax.Array  # updates applied so far: the schedule's step
 
 
+def hyperball_step(u: jax.Array, w: jax.Array, lr) -> jax.Array:
+    """The hyperball update of matrices `w` along direction `u` (see `hyperball`)."""
+    if w.ndim < 2:
+        raise ValueError(f"hyperball acts on matrices; got a parameter of shape {w.shape}")
+    tiny = jnp.finfo(jnp.float32).tiny
+    w32, u32 = w.astype(jnp.float32), u.astype(jnp.float32)
+    norm = matrix_norm(w32)
+    moved = w32 - lr * norm * u32 / jnp.maximum(matrix_norm(u32), tiny)
+    new_w = moved * (norm / jnp.maximum(matrix_norm(moved), tiny))
+    return (new_w - w32).astype(w.dtype)
+
+
 def hyperball(learning_rate) -> optax.GradientTransformation:
     """Move each matrix W by lr·‖W‖ against the direction u, then rescale to the original ‖W‖.
 
@@ -96,8 +131,6 @@ def hyperball(learning_rate) -> optax.GradientTransformation:
     so `optax.apply_updates` lands on W_new. Norms stay at their initial values, which is why
     this group has no weight decay. `learning_rate` is a float or an optax schedule.
     """
-    tiny = jnp.finfo(jnp.float32).tiny
-
     def init_fn(params):
         del params
         return HyperballState(count=jnp.zeros([], jnp.int32))
@@ -107,15 +140,7 @@ def hyperball(learning_rate) -> optax.GradientTransformation:
             raise ValueError("hyperball needs the parameters: call update(updates, state, params)")
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
 
-        def step(u, w):
-            if w.ndim < 2:
-                raise ValueError(f"hyperball acts on matrices; got a parameter of shape {w.shape}")
-            w32, u32 = w.astype(jnp.float32), u.astype(jnp.float32)
-            norm = matrix_norm(w32)
-            moved = w32 - lr * norm * u32 / jnp.maximum(matrix_norm(u32), tiny)
-            new_w = moved * (norm / jnp.maximum(matrix_norm(moved), tiny))
-            return (new_w - w32).astype(w.dtype)
-
+        step = lambda u, w: hyperball_step(u, w, lr)
         new_updates = jax.tree.map(lambda u, w: per_layer(step, u, w), updates, params)
         return new_updates, HyperballState(count=optax.safe_increment(state.count))
 
@@ -124,11 +149,37 @@ def hyperball(learning_rate) -> optax.GradientTransformation:
 
 def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5, ns_dtype=jnp.float32,
           ns_eps: float = 1e-7) -> optax.GradientTransformation:
-    # Nesterov in optax's sum form (g + β·m); it differs from the EMA form only by the factor
-    # (1 − β), which orthogonalisation and the hyperball normalisation both remove. The
-    # momentum stays fp32 whatever ns_dtype is.
-    return optax.chain(optax.trace(decay=momentum, nesterov=True, accumulator_dtype=jnp.float32),
-                       scale_by_newton_schulz(ns_steps, ns_dtype, ns_eps), hyperball(learning_rate))
+    """Nesterov momentum → Newton–Schulz → hyperball, fused per layer (module docstring).
+
+    The same arithmetic and state as `optax.chain(optax.trace(momentum, nesterov=True,
+    accumulator_dtype=float32), scale_by_newton_schulz(...), hyperball(learning_rate))`.
+    Nesterov in optax's sum form (g + β·m); it differs from the EMA form only by the factor
+    (1 − β), which orthogonalisation and the hyperball normalisation both remove. The momentum
+    stays fp32 whatever ns_dtype is. The update is written into the gradient's buffer and the new
+    momentum into the old one's, one layer at a time."""
+    chain = optax.chain(optax.trace(decay=momentum, nesterov=True, accumulator_dtype=jnp.float32),
+                        scale_by_newton_schulz(ns_steps, ns_dtype, ns_eps), hyperball(learning_rate))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("muonh needs the parameters: call update(updates, state, params)")
+        trace_state, ns_state, ball = state
+        lr = learning_rate(ball.count) if callable(learning_rate) else learning_rate
+
+        def layer(g, m, w):  # one layer's matrices, on the device
+            m_new = g + momentum * m.astype(g.dtype)                  # optax.trace
+            u = g + momentum * m_new                                  # its Nesterov update
+            u = orthogonalize(u, ns_steps, ns_eps, ns_dtype).astype(u.dtype)
+            return hyperball_step(u, w, lr), m_new
+
+        pairs = jax.tree.map(lambda g, m, w: per_layer(layer, g, m, w, n_out=2),
+                             updates, trace_state.trace, params)
+        new_updates = jax.tree.map(lambda _, p: p[0], updates, pairs)
+        new_trace = jax.tree.map(lambda _, p: p[1], updates, pairs)
+        return new_updates, (trace_state._replace(trace=new_trace), ns_state,
+                             HyperballState(count=optax.safe_increment(ball.count)))
+
+    return optax.GradientTransformation(chain.init, update_fn)
 
 
 def adamh(learning_rate, b1: float, b2: float, eps: float) -> optax.GradientTransformation:

@@ -11,7 +11,11 @@ Layout (`state_sharding`):
   layer's weights where they are used and reduce-scatters their gradients inside a replica;
   the replica_dcn reduction is an all-reduce;
 - with `optim.offload` the optimizer state lives in pinned host memory (memory kind
-  `pinned_host`); the train step moves it to the device for the update and back.
+  `pinned_host`); the train step moves it to the device for the update and back, except
+  MuonH's momentum, which the optimizer streams one layer at a time (marin.optim.muonh). Under
+  MuonH the routed experts' fp32 masters (`offloaded_masters`, ~97% of the hero's weights) live
+  there too (spec §6): each layer's slice comes to the device where the layer runs, its
+  gradient goes back (the transpose of that copy), and the update streams them per layer.
 Small or indivisible leaves (norm gains, biases, scalars) stay replicated.
 """
 from __future__ import annotations
@@ -79,6 +83,17 @@ def leaf_spec(path, leaf, cfg, mesh_sizes: dict) -> P:
     return P(*_split_largest(shape, spec, size, axes, stacked))
 
 
+def offloaded_masters(cfg) -> bool:
+    """Whether the routed experts' fp32 masters live in pinned host memory: with `optim.offload`
+    under MuonH, whose update streams them one layer at a time (AdamW reads whole leaves)."""
+    return bool(cfg.optim.offload) and cfg.optim.name == "muonh"
+
+
+def is_expert_leaf(path, leaf, cfg) -> bool:
+    return bool(_names(path) & set(EXPERT_LEAVES)) and len(leaf.shape) >= 3 and \
+        leaf.shape[1] == cfg.model.num_experts
+
+
 def state_sharding(cfg, abstract_state, mesh):
     """NamedSharding of every leaf of the train state (layout: module docstring)."""
     sizes = dict(mesh.shape)
@@ -87,6 +102,10 @@ def state_sharding(cfg, abstract_state, mesh):
         return NamedSharding(mesh, leaf_spec(path, leaf, cfg, sizes), memory_kind=memory_kind)
 
     out = jax.tree_util.tree_map_with_path(sharding, abstract_state)
+    if offloaded_masters(cfg):
+        out = out.replace(params=jax.tree_util.tree_map_with_path(
+            lambda p, leaf: sharding(p, leaf, HOST if is_expert_leaf(p, leaf, cfg) else None),
+            abstract_state.params))
     if cfg.optim.offload:
         out = out.replace(opt_state=jax.tree_util.tree_map_with_path(
             lambda p, leaf: sharding(p, leaf, HOST), abstract_state.opt_state))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from marin.model import routers, transformer
+from marin.optim.muonh import fetch, on_host, per_layer
 from marin.train.state import TrainState
 
 SCALARS = ("loss", "ce", "z_loss", "aux_loss", "dropped_frac", "load_spread")
@@ -28,6 +29,45 @@ def to_memory(tree, space):
     """Move every leaf of `tree` to memory `space` (jax.memory.Space.Device / Host), keeping
     its sharding: how `optim.offload` brings the optimizer state in and out of the step."""
     return jax.tree.map(lambda x: jax.device_put(x, space), tree)
+
+
+def streamed(path) -> bool:
+    """Optimizer-state leaves the optimizer reads and writes one layer at a time itself, from
+    wherever they live: MuonH's momentum (`trace`, marin.optim.muonh). The step does not
+    stage them on the device whole."""
+    return any(getattr(k, "name", None) == "trace" for k in path)
+
+
+def opt_state_to_device(opt_state):
+    """The offloaded optimizer state as the update reads it: every leaf on the device, except
+    the streamed ones (`streamed`), which stay in host memory."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x if streamed(p) else jax.device_put(x, jax.memory.Space.Device), opt_state)
+
+
+def add(a, b):
+    """a + b (in a's dtype) where either may live in host memory: one layer at a time there."""
+    if on_host(a) or on_host(b):
+        return per_layer(lambda x, y: x + y.astype(x.dtype), a, b)
+    return (a + b).astype(a.dtype)
+
+
+def apply_updates(params, updates):
+    """`optax.apply_updates`, with leaves in host memory (offloaded fp32 masters) updated one
+    layer at a time: a whole host leaf never comes to the device."""
+    return jax.tree.map(add, params, updates)
+
+
+def global_norm(tree):
+    """`optax.tree.norm`, reading host leaves one layer's slice at a time."""
+    def sum_sq(x):
+        if not on_host(x):
+            return jnp.sum(jnp.square(x.astype(jnp.float32)))
+        if x.ndim <= 2:
+            return jnp.sum(jnp.square(fetch(x).astype(jnp.float32)))
+        part = lambda i, acc: acc + jnp.sum(jnp.square(fetch(x[i]).astype(jnp.float32)))
+        return jax.lax.fori_loop(0, x.shape[0], part, jnp.zeros((), jnp.float32))
+    return jnp.sqrt(sum(sum_sq(x) for x in jax.tree.leaves(tree)))
 
 
 def make_train_step(cfg, tx, mesh):
@@ -51,20 +91,20 @@ def make_train_step(cfg, tx, mesh):
 
             def accumulate(acc, mb):
                 g, m = grads_of(state.params, mb, bias)
-                return jax.tree.map(jnp.add, acc, (g, m)), None
+                return (jax.tree.map(add, acc[0], g), jax.tree.map(jnp.add, acc[1], m)), None
 
             zeros = jax.eval_shape(grads_of, state.params, jax.tree.map(lambda x: x[0], micro), bias)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
             grads, metrics = jax.tree.map(lambda x: x / n_micro, (grads, metrics))
-        opt_state = to_memory(state.opt_state, jax.memory.Space.Device) if offload else state.opt_state
+        opt_state = opt_state_to_device(state.opt_state) if offload else state.opt_state
         updates, opt_state = tx.update(grads, opt_state, state.params)
         if offload:  # back to pinned host memory (its place in the state's out_shardings)
             opt_state = to_memory(opt_state, jax.memory.Space.Host)
-        params = optax.apply_updates(state.params, updates)
+        params = apply_updates(state.params, updates)
         router_state = routers.next_router_state(state.router_state, metrics["router"], cfg)
         out = {k: metrics[k] for k in SCALARS if k in metrics}
-        out["grad_norm"] = optax.tree.norm(grads)
+        out["grad_norm"] = global_norm(grads)
         # per layer [L]: logged as train/<name>/layer_<i>
         out["dropped_frac_per_layer"] = metrics["router"]["dropped_frac"]
         out["load_spread_per_layer"] = jax.vmap(lambda load: transformer.load_spread(load[None]))(

@@ -51,7 +51,7 @@ def test_host_bytes_read_from_the_entry_layout():
               "{(f32[4,4]{1,0}, f32[128]{0:S(5)}, bf16[8]{0})->(f32[4,4]{1,0}, f32[128]{0:S(5)})}\n"
               "  %x = f32[2,8,4]{2,1,0} fusion()\n")
     host = compile_plan.host_bytes(header, carry_shape="f32[2,8,4]")
-    assert host == {"argument": 512, "output": 512, "alias": 512, "temp": 256, "staging": 512}
+    assert host == {"argument": 512, "output": 512, "alias": 512, "temp": 256}
 
 
 @pytest.mark.parametrize("override,field", [("hardware.mesh.expert=3", "hardware.mesh"),
