@@ -160,8 +160,12 @@ def test_activations_follow_remat_attention_and_the_micro_batch():
     assert none["activations"] > dots["activations"] > full["activations"]
     half = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "train.micro_batch=8"))
     assert half["activations"] == pytest.approx(full["activations"] / 2)
-    assert half["working"] < 0.6 * full["working"]  # one micro-batch's buffers at a time
-    assert half["gradients"] == pytest.approx(2 * full["gradients"])  # the accumulator
+    small_vocab = "model.vocab_size=1024"  # so that a layer's backward, not the loss, is the largest phase
+    whole = accounting.memory_per_device(planned(RUNG, small_vocab))
+    halves = accounting.memory_per_device(planned(RUNG, small_vocab, "train.micro_batch=8"))
+    assert accounting.PHASES[halves["peak_phase"]] == "backward"
+    assert halves["working"] == pytest.approx(whole["working"] / 2, rel=0.05)  # one micro-batch's buffers
+    assert halves["gradients"] == pytest.approx(2 * whole["gradients"])  # + the accumulator
     blockwise = accounting.memory_per_device(planned(RUNG, "attention.impl=blockwise"))
     reference = accounting.memory_per_device(planned(RUNG, "attention.impl=reference"))
     scores = 16 * cfg.attention.num_heads * 4096 ** 2 * 4 / 2**30  # one [B, H, T, T] fp32 array
