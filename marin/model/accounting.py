@@ -327,18 +327,31 @@ def attention_bytes(cfg: Config, batch: int, copies: float = ATTN_SCORE_COPIES) 
     return 0.0
 
 
+def offloaded_masters(cfg: Config) -> bool:
+    """Whether the routed experts' fp32 masters live in pinned host memory (as
+    marin/train/state.py `offloaded_masters`): optim.offload under MuonH, whose update streams
+    them one layer at a time."""
+    return bool(cfg.optim.offload) and cfg.optim.name == "muonh"
+
+
 def _state(cfg: Config) -> dict[str, float]:
-    """Per device, bytes: parameters, optimizer state, its largest leaf, the largest stacked
-    MuonH leaf and one layer's slice of the largest MuonH matrix, and one layer's non-expert
-    weights gathered whole (FSDP)."""
+    """Per device, bytes: parameters on the device and in host memory, all their gradients,
+    the optimizer state, its largest leaf the step copies to the device whole (with
+    optim.offload: MuonH streams its momentum per layer instead), the largest stacked MuonH leaf
+    and one layer's slice of the largest MuonH matrix, and one layer's non-expert weights
+    gathered whole (FSDP)."""
     s = Shapes.of(cfg)
-    out = dict.fromkeys(("params", "moments", "largest_moment", "muon_leaf", "muon_slice", "layer_weights"), 0.0)
+    keys = ("params", "host_params", "grads", "moments", "staged", "muon_leaf", "muon_slice", "layer_weights")
+    out = dict.fromkeys(keys, 0.0)
     for leaf in leaves_of(s):
         local = leaf.size / leaf_shards(leaf, cfg) * FP32
-        out["params"] += local
+        out["host_params" if leaf.expert and offloaded_masters(cfg) else "params"] += local
+        out["grads"] += local
         moments = optimizer_moments(leaf, cfg.optim.name)
         out["moments"] += local * moments
-        out["largest_moment"] = max(out["largest_moment"], local)
+        streamed = cfg.optim.name == "muonh" and leaf.group == "muonh"
+        if not streamed:
+            out["staged"] = max(out["staged"], local)
         if cfg.optim.name == "muonh" and leaf.group == "muonh":
             stacked = leaf.path.startswith("layers/")
             out["muon_leaf"] = max(out["muon_leaf"], local)
@@ -391,8 +404,11 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     state = _state(cfg)
     params = state["params"]
     offload = bool(cfg.optim.offload)
-    optimizer = state["largest_moment"] if offload else state["moments"]  # offload: one leaf staged in
-    grads = params * (2 if n_micro > 1 else 1)                    # + the accumulator
+    optimizer = state["staged"] if offload else state["moments"]  # offload: one leaf at a time
+    # Every parameter's gradient, on the device as XLA:CPU compiles the step: it drops the
+    # placement of the offloaded masters' gradients in host memory (their transpose), which a
+    # GPU keeps there (the hero: 30 GiB less). The accumulator of micro-batches holds them too.
+    grads = state["grads"] * (2 if n_micro > 1 else 1)
     batch = 4 * 4 * per_device * t.seq_len                        # inputs, targets, segments, mask (int32)
 
     # Saved for the backward pass: every layer's values without remat; the carries (fp32) and,
@@ -407,9 +423,9 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
         saved = s.L * (dots + (0.0 if m.offload_carry else carry))
     host = s.L * carry if m.offload_carry and mode != "none" else 0.0
     if offload:
-        host += state["moments"]
+        host += state["moments"] + state["host_params"]
 
-    accumulator = grads - params
+    accumulator = grads - state["grads"]
     phases = {  # (activations, gradients, working) of each phase
         "forward": (saved, accumulator, _copies(u, FORWARD) + attention_bytes(cfg, micro)),
         "loss": (saved, accumulator, _copies(u, LOSS)),

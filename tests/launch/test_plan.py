@@ -99,8 +99,8 @@ def test_leaf_table_groups_follow_the_optimizer_rules():
 
 
 def test_hero_memory_parts_follow_the_layout():
-    """The hero's own layout (FSDP, optimizer state and carries on the host, remat full): the
-    parts follow from the leaf table, the mesh and the switches, not from typed-in numbers."""
+    """The hero's own layout (FSDP; optimizer state, expert masters and carries in host memory;
+    remat full): the parts follow from the leaf table, the mesh and the switches."""
     cfg = planned(HERO)
     assert (cfg.hardware.mesh.fsdp, cfg.optim.offload, cfg.model.offload_carry) == (True, True, True)
     leaves = accounting.leaves_of(accounting.Shapes.of(cfg))
@@ -108,31 +108,35 @@ def test_hero_memory_parts_follow_the_layout():
     assert experts == 48 * 384 * 3 * 3072 * 3072
     small = sum(leaf.size for leaf in leaves if not leaf.expert and leaf.size < accounting.FSDP_MIN_SIZE)
     others = sum(leaf.size for leaf in leaves) - experts
-    mem = accounting.memory_per_device(cfg)
-    replicated = accounting.memory_per_device(planned(HERO, "hardware.mesh.fsdp=false"))
-    # Experts over the 64-way expert axis; the rest replicated, or (FSDP) over the rack's 64
-    # devices but for the few leaves too small to shard; fp32.
-    assert replicated["params"] == pytest.approx((experts / 64 + others) * 4 / 2**30)
-    assert mem["params"] == pytest.approx((experts / 64 + (others - small) / 64 + small) * 4 / 2**30)
-    assert mem["gradients"] == mem["params"]  # one micro-batch per step: no accumulator
-    # Offloaded: the device holds one optimizer leaf at a time (the largest, a stacked expert
-    # momentum); the host holds all of it and every layer's fp32 carry.
-    largest = max(leaf.size for leaf in leaves) / 64 * 4 / 2**30
-    assert mem["optimizer"] == pytest.approx(largest)
+    gib = lambda elements: elements * 4 / 2**30  # fp32
+    sharded = gib(experts / 64 + (others - small) / 64 + small)  # experts over 64, the rest FSDP but the smallest
     on_device = accounting.memory_per_device(planned(HERO, "optim.offload=false"))
-    carries = 48 * 16 * 4096 * 6144 * 4 / 2**30  # L × one micro-batch's tokens × d, fp32
-    assert mem["host"] == pytest.approx(on_device["optimizer"] + carries)
-    assert mem["activations"] == 0  # remat full with the carries on the host: nothing saved on the device
+    replicated = accounting.memory_per_device(planned(HERO, "optim.offload=false", "hardware.mesh.fsdp=false"))
+    assert replicated["params"] == pytest.approx(gib(experts / 64 + others))
+    assert on_device["params"] == pytest.approx(sharded)
     # MuonH keeps one momentum on matrices, so its state is near the parameters' size; AdamW's twice.
-    assert mem["params"] < on_device["optimizer"] < 1.01 * mem["params"]
+    assert on_device["params"] < on_device["optimizer"] < 1.01 * on_device["params"]
     adamw = accounting.memory_per_device(planned(HERO, "optim=adamw", "optim.offload=false"))
-    assert adamw["optimizer"] == pytest.approx(2 * mem["params"])
+    assert adamw["optimizer"] == pytest.approx(2 * on_device["params"])
+    # Offloaded under MuonH: the experts' masters and all optimizer state live in host memory,
+    # with every layer's fp32 carry; the device keeps the rest of the weights and stages one
+    # Adam moment at a time (MuonH streams its momentum per layer).
+    mem = accounting.memory_per_device(cfg)
+    assert mem["params"] == pytest.approx(sharded - gib(experts / 64))
+    assert mem["gradients"] == pytest.approx(sharded)  # every gradient, one micro-batch: no accumulator
+    adam_leaves = [leaf for leaf in leaves if leaf.group != "muonh"]
+    assert mem["optimizer"] == pytest.approx(max(gib(leaf.size / accounting.leaf_shards(leaf, cfg)) for leaf in adam_leaves))
+    carries = gib(48 * 16 * 4096 * 6144)  # L × one micro-batch's tokens × d
+    assert mem["host"] == pytest.approx(on_device["optimizer"] + gib(experts / 64) + carries)
+    assert mem["activations"] == 0  # remat full with the carries in host memory: nothing saved on the device
 
 
 def test_offload_moves_state_to_the_host():
     device = accounting.memory_per_device(planned(HERO, "optim.offload=false", "model.offload_carry=false"))
     offload = accounting.memory_per_device(planned(HERO, "model.offload_carry=false"))
-    assert offload["optimizer"] < device["optimizer"] and offload["host"] == pytest.approx(device["optimizer"])
+    masters = device["params"] - offload["params"]  # the experts' (MuonH streams them per layer)
+    assert masters > 0 and offload["optimizer"] < device["optimizer"]
+    assert offload["host"] == pytest.approx(device["optimizer"] + masters)
     assert offload["total"] < device["total"]
     carry = accounting.memory_per_device(planned(HERO, "optim.offload=false"))
     assert carry["host"] > 0 and carry["activations"] == 0 < device["activations"]
