@@ -179,6 +179,6 @@ def test_activations_follow_remat_attention_and_the_micro_batch():
 def test_plan_names_the_layout_it_models():
     p = plan(planned(HERO))
     assert p["layout"] == {"fsdp": True, "optim_offload": True, "remat": "full", "offload_carry": True,
-                           "attention_impl": "cudnn", "micro_batches": 1}
+                           "expert_masters_on_host": True, "attention_impl": "cudnn", "micro_batches": 1}
     assert "remat full" in format_plan(p) and "carries on host" in format_plan(p)
     assert plan(planned(RUNG, "model.remat=false", "model.offload_carry=false"))["remat"] == "none"
