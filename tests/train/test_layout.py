@@ -1,5 +1,6 @@
 """The published layout (marin/train/state.py): FSDP specs, and a run on 8 forced host devices
-with FSDP, optimizer-state offload and carry offload gives the losses of one device.
+with FSDP, optimizer-state offload and carry offload gives the losses of one device (AdamW, and
+MuonH, whose offload also puts the experts' fp32 masters in host memory and streams them).
 
 The device count must be forced before JAX starts, so the 8-device comparison runs this module
 as a subprocess (`python -m tests.train.test_layout`), which trains both layouts there.
@@ -72,13 +73,19 @@ def losses(cfg, devices):
         state, metrics = train_step(state, batch)
         out.append(float(metrics["loss"]))
     host = sorted({x.sharding.memory_kind for x in jax.tree.leaves(state.opt_state)})
-    return out, host
+    masters = sorted({"/".join(str(getattr(k, "key", k)) for k in path[-1:]) for path, x in
+                      jax.tree_util.tree_flatten_with_path(state.params)[0] if x.sharding.memory_kind == "pinned_host"})
+    return out, host, masters
 
 
 def compare() -> dict:
-    one, _ = losses(make_config(*TINY), jax.devices()[:1])
-    eight, host = losses(make_config(*TINY, "hardware=local_cpu8", *LAYOUT), jax.devices())
-    return {"one": one, "eight": eight, "host": host, "devices": jax.device_count()}
+    one, _, _ = losses(make_config(*TINY), jax.devices()[:1])
+    eight, host, _ = losses(make_config(*TINY, "hardware=local_cpu8", *LAYOUT), jax.devices())
+    # MuonH streams its momentum and the experts' fp32 masters (in host memory) layer by layer
+    one_m, _, _ = losses(make_config(*TINY, "optim=muonh"), jax.devices()[:1])
+    eight_m, _, masters = losses(make_config(*TINY, "optim=muonh", "hardware=local_cpu8", *LAYOUT), jax.devices())
+    return {"one": one, "eight": eight, "host": host, "devices": jax.device_count(),
+            "one_muonh": one_m, "eight_muonh": eight_m, "masters_on_host": masters}
 
 
 def test_eight_devices_with_fsdp_and_offload_match_one_device(tmp_path):
@@ -91,6 +98,9 @@ def test_eight_devices_with_fsdp_and_offload_match_one_device(tmp_path):
     assert r["devices"] == 8 and r["host"] == ["pinned_host"], r
     assert len(r["one"]) == 3 and r["one"][-1] < r["one"][0], r   # it trains
     np.testing.assert_allclose(r["eight"], r["one"], rtol=2e-5)
+    assert r["masters_on_host"] == ["w_down", "w_gate", "w_up"], r   # the experts' fp32 masters
+    assert r["one_muonh"][-1] < r["one_muonh"][0], r
+    np.testing.assert_allclose(r["eight_muonh"], r["one_muonh"], rtol=2e-5)
 
 
 if __name__ == "__main__":
