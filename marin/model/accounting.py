@@ -238,7 +238,7 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 # The "copies" of each are calibrated on the compiled ladder rungs, stages and hero (their table
 # and the 20% check: tests/launch/test_memory_plan.py). XLA:CPU computes bf16 matmuls in fp32, so
 # the compiled figure holds the dispatch and attention buffers in fp32, and so does the estimate.
-# XLA packs buffers into one arena; what it loses to fragmentation is in the copies.
+# XLA packs the buffers into one arena and loses some of it to fragmentation (ARENA).
 
 GIB = 2 ** 30
 FP32 = 4
@@ -250,6 +250,7 @@ PHASES = ("forward", "loss", "backward", "update")
 FORWARD = {"D": 3.0, "X": 10.0, "HV": 3.0}
 LOSS = {"LC": 1.0, "LCD": 1.0, "HV": 4.0, "X": 13.0}
 BACKWARD = {"D": 6.0, "X": 28.0, "A": 13.0, "LAT": 5.0, "HV": 1.0, "W": 3.0}
+ARENA = 1.08                  # the arena over a phase's live buffers (compiled rungs: ≈4–8%; hero more)
 UPDATE_LEAF = 2.0             # whole-leaf fp32 temporaries of the largest stacked leaf (momentum, direction)
 NS_COPIES = 6.0               # Newton–Schulz temporaries of one layer's slice of a matrix leaf
 EVAL = {"D": 3.0, "X": 4.0, "LC": 1.0, "HV": 1.0}
@@ -432,6 +433,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
         "backward": (saved, grads, _copies(u, BACKWARD) + attention_bytes(cfg, micro)),
         "update": (0.0, grads, UPDATE_LEAF * state["muon_leaf"] + NS_COPIES * state["muon_slice"]),
     }
+    phases = {name: (saved_, grads_, ARENA * work) for name, (saved_, grads_, work) in phases.items()}
     peak = max(phases, key=lambda name: sum(phases[name]))
     parts = {"params": params, "optimizer": optimizer, "batch": batch,
              **dict(zip(("activations", "gradients", "working"), phases[peak]))}
