@@ -314,9 +314,10 @@ def layer_activations_per_token(s: Shapes, slots: float, impl: str) -> dict[str,
 
 
 def _dot_outputs_per_token(s: Shapes) -> float:
-    """What remat=dots keeps per token and layer: outputs of matmuls without batch dims."""
-    return (s.H * s.h + 2 * s.kv_local * s.h + s.d + s.H + 2 * s.E  # q, k, v, W_o, gate, router (fp32)
-            + s.latent + s.d + 2 * s.r * 2)                          # latent down / up, GatedNorm bottlenecks
+    """What remat=dots keeps per token and layer: outputs of matmuls without batch dims (as
+    compiled: ladder_d768 with dots saves these and the carry, nothing else)."""
+    return (s.H * s.h + 2 * s.kv_local * s.h + s.d + s.H + s.E      # q, k, v, W_o, head gate, router
+            + s.latent + s.d + 2 * s.r + 2 * s.S * s.I_s)           # latent down / up, GatedNorm downs, shared gate / up
 
 
 def attention_bytes(cfg: Config, batch: int, copies: float = ATTN_SCORE_COPIES) -> float:
@@ -420,7 +421,8 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
         per_layer = sum(layer_activations_per_token(s, slots, cfg.attention.impl).values())
         saved = s.L * (tokens * per_layer * DTYPE_BYTES[m.compute_dtype] + attention_bytes(cfg, micro, ATTN_SAVED_COPIES))
     else:
-        dots = tokens * _dot_outputs_per_token(s) * DTYPE_BYTES[m.compute_dtype] if mode == "dots" else 0.0
+        # fp32 as XLA:CPU compiles the bf16 matmuls (a GPU keeps bf16 ones at half)
+        dots = tokens * _dot_outputs_per_token(s) * FP32 if mode == "dots" else 0.0
         saved = s.L * (dots + (0.0 if m.offload_carry else carry))
     host = s.L * carry if m.offload_carry and mode != "none" else 0.0
     if offload:
