@@ -105,6 +105,10 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
         problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
                          "full or dots; got model.remat none"))
+    if cfg.optim.offload and cfg.optim.name == "muonh" and cfg.optim.grad_clip is not None:
+        problems.append(("optim.grad_clip", "with optim.offload under muonh the experts' fp32 masters and "
+                         "gradients stay in host memory, read one layer at a time; global-norm clipping "
+                         f"would read them whole: set optim.grad_clip=null or optim.offload=false; got {cfg.optim.grad_clip}"))
     if cfg.model.capacity_factor <= 0:
         problems.append(("model.capacity_factor", f"must be > 0; got {cfg.model.capacity_factor}"))
     if not 0.0 <= cfg.attention.rope_fraction <= 1.0:

@@ -120,6 +120,8 @@ def scheduled_decay(learning_rate, rules: list[DecayRule], group: str):
     import jax.numpy as jnp
     import optax
 
+    from marin.optim.muonh import on_host, per_layer
+
     schedules = [(rule, rule_schedule(rule)) for rule in rules]
 
     def init_fn(params):
@@ -135,7 +137,10 @@ def scheduled_decay(learning_rate, rules: list[DecayRule], group: str):
             names = path_names(path)
             for rule, schedule in schedules:  # resolved while tracing: no per-step Python
                 if applies(rule, names, group):
-                    return u - (lr * schedule(state.count) * w).astype(u.dtype)
+                    wd = lr * schedule(state.count)
+                    step = lambda u, w: u - (wd * w).astype(u.dtype)
+                    # leaves in host memory (offloaded expert masters): one layer at a time
+                    return per_layer(step, u, w) if on_host(u) or on_host(w) else step(u, w)
             return u
 
         new_updates = jax.tree_util.tree_map_with_path(decay, updates, params)

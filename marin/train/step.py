@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from marin.model import routers, transformer
 from marin.optim.muonh import fetch, on_host, per_layer

@@ -26,6 +26,7 @@ CASES = [
     (["optim.lr=-0.1"], "optim.lr"),
     (["optim.decay=[{pattern: attn/gate, value: 0.1}, {pattern: nope, value: 0.1}]"], "optim.decay[1].pattern"),
     (["optim.ns_dtype=float16"], "optim.ns_dtype"),
+    (["optim=muonh", "optim.offload=true", "optim.grad_clip=1.0"], "optim.grad_clip"),
     (["run.name=../../escaped"], "run.name: must be a plain folder name"),
     (["data.sources.0.weights=[0]", "data.sources.1.weights=[0]"], "all zero"),
     (["data.sources.0.kind=text", "data.sources.0.paths=[/nonexistent/corpus.txt]"], "data.sources[0]"),

@@ -80,14 +80,16 @@ def test_offload_without_host_memory_is_one_clear_line():
 
 @pytest.mark.slow
 def test_hero_compiles_for_one_rack_with_its_state_on_host():
-    """The hero's steps compile for one rack in minutes; the optimizer state (MuonH momentum of
-    522B expert weights / 64 devices, fp32, ≈ 30 GiB) and the carries are on the host; eval fits.
-    Measured 194 GiB train peak (limit 155.9): the train step does not fit a GB200 yet."""
+    """The hero's steps compile for one rack in minutes and fit a GB200 (peak ≤ 0.9 × 173.2 GiB).
+    On the host: the optimizer state (MuonH momentum of 522B expert weights / 64 devices, fp32,
+    ≈ 30 GiB), the experts' fp32 masters (≈ 30 GiB) and the carries (72 GiB). Measured: train
+    peak 152.4 GiB (was 194.3 before MuonH ran per layer and the masters moved), eval 28.9."""
     done = launch("experiment=mochi_535b_a23b", "dry_run=compile")
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     train, evals = out["compiled"]["train_step"], out["compiled"]["eval_step"]
     assert out["compiled"]["replica"]["devices"] == 64 and out["memory_limit_gib"] == pytest.approx(155.88)
-    assert train["host_gib"] > 30 and train["argument_gib"] < 40      # was 168.7 GiB replicated
-    assert evals["peak_gib"] <= out["memory_limit_gib"]
-    assert train["peak_gib"] < 200                                     # was 530.7 GiB
+    assert train["host_gib"] > 120 and train["argument_gib"] < 2      # masters + state + carries on host
+    assert train["offload_staging_gib"] < 1                            # nothing large is staged whole
+    assert train["peak_gib"] <= out["memory_limit_gib"] and evals["peak_gib"] <= out["memory_limit_gib"]
+    assert out["fits"] is True

@@ -29,6 +29,27 @@ def test_newton_schulz_matches_optax_muon():
     np.testing.assert_allclose(orthogonalize(x, ns_steps=5), expected, atol=1e-5)
 
 
+def test_fused_muonh_is_the_optax_chain_layer_by_layer():
+    # muonh runs momentum → Newton–Schulz → hyperball one stacked layer at a time; the result
+    # and the state are those of the plain optax chain on whole leaves.
+    from marin.optim.muonh import HyperballState, muonh, scale_by_newton_schulz
+
+    lr = optax.linear_schedule(0.1, 0.01, 10)
+    chain = optax.chain(optax.trace(decay=0.9, nesterov=True, accumulator_dtype=jnp.float32),
+                        scale_by_newton_schulz(5), hyperball(lr))
+    fused = muonh(lr, momentum=0.9)
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    params = {"stack": jax.random.normal(keys[0], (3, 2, 8, 12)), "matrix": jax.random.normal(keys[1], (8, 4))}
+    s_chain, s_fused = chain.init(params), fused.init(params)
+    assert jax.tree.structure(s_chain) == jax.tree.structure(s_fused)   # checkpoints stay compatible
+    for step in range(3):
+        grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(step), p.shape), params)
+        u_chain, s_chain = chain.update(grads, s_chain, params)
+        u_fused, s_fused = jax.jit(fused.update)(grads, s_fused, params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), (u_chain, s_chain), (u_fused, s_fused))
+    assert isinstance(s_fused[2], HyperballState) and int(s_fused[2].count) == 3
+
+
 def test_hyperball_keeps_matrix_norms():
     kw, ku = jax.random.split(jax.random.PRNGKey(1))
     w = jax.random.normal(kw, (2, 3, 8, 16)) * jnp.arange(1.0, 7.0).reshape(2, 3, 1, 1)
