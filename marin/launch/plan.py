@@ -69,7 +69,8 @@ def plan(cfg: Config) -> dict:
         "mesh": {"replica_dcn": hw.mesh.replica_dcn, "data": hw.mesh.data,
                  "expert": hw.mesh.expert, "model": hw.mesh.model},
         "devices": devices,
-        "remat": cfg.model.remat,
+        "remat": derive.remat_mode(cfg.model.remat),
+        "layout": layout(cfg),
         "memory_per_device_gib": memory["total"],
         "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
         "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
@@ -90,6 +91,14 @@ def plan(cfg: Config) -> dict:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
     return out
+
+
+def layout(cfg: Config) -> dict:
+    """The layout the memory estimate models (as `dry_run=compile` reports it under `compiled`)."""
+    return {"fsdp": cfg.hardware.mesh.fsdp, "optim_offload": cfg.optim.offload,
+            "remat": derive.remat_mode(cfg.model.remat), "offload_carry": cfg.model.offload_carry,
+            "expert_masters_on_host": accounting.offloaded_masters(cfg),
+            "attention_impl": cfg.attention.impl, "micro_batches": accounting.micro_batches(cfg)}
 
 
 def submission(cfg: Config) -> dict:
@@ -151,8 +160,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         ("layout", [
             ("hardware", p["hardware"]),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
-            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (remat {p['remat']}; estimate, "
-                                f"peak in the {p['memory_peak_phase']} phase)"
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (estimate, peak in the "
+                                f"{p['memory_peak_phase']} phase; {_layout(p['layout'])})"
                                 + ("" if p["fits"] is None else
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
@@ -174,6 +183,15 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         phases = " / ".join(p["data_phases"])
         sections.append((f"data: epochs per source in {phases} (most repeated first)", rows))
     return sections
+
+
+def _layout(lay: dict) -> str:
+    """The modelled layout in words, e.g. 'remat full, FSDP, optimizer state on host, carries on host'."""
+    words = [f"remat {lay['remat']}", f"{lay['attention_impl']} attention", f"{lay['micro_batches']} micro-batch(es)"]
+    words += [w for on, w in ((lay["fsdp"], "FSDP"), (lay["optim_offload"], "optimizer state on host"),
+                              (lay["expert_masters_on_host"], "expert masters on host"),
+                              (lay["offload_carry"], "carries on host")) if on]
+    return ", ".join(words)
 
 
 def format_plan(p: dict) -> str:

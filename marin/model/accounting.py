@@ -158,32 +158,45 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 
 # --- Memory per device: the layout the code uses, an estimate for the dry run (spec §6) ---
 #
-# The train step's peak is the state it holds (parameters, optimizer state where it lives on the
-# device, the batch) plus the largest of three phases' transients:
-#   loss      every saved activation of the forward pass, and the logits with their gradient;
-#   backward  the saved activations, the gradients accumulating, and one layer's working set
-#             (recomputed intermediates and their cotangents, attention, dispatch buffers);
-#   update    the gradients and the optimizer's temporaries (plus the optimizer state brought
-#             from host memory, with optim.offload).
-# Constants marked "calibrated" are fitted to XLA's memory analysis of the compiled step
-# (`dry_run=compile`); see tests/launch/test_memory_plan.py for the comparison.
+# The estimate is of what `dry_run=compile` reports (marin/launch/compile_plan.py): XLA's memory
+# analysis of the compiled step on one replica, device side. The train step holds its arguments
+# (parameters, batch, the optimizer state unless optim.offload moves it to pinned host memory, in
+# which case the largest leaf is staged in at a time) plus the largest of four phases' transients:
+#   forward   one layer's buffers (dispatch, attention) and the embedding's, with the carries saved so far;
+#   loss      one chunk of fp32 logits and its gradient (transformer.LOSS_CHUNK positions), the
+#             gathered head and its gradient;
+#   backward  the gradients accumulating, one layer's recomputed buffers and their cotangents;
+#   update    the gradients and the optimizer's temporaries (MuonH: one layer at a time).
+# Each phase is counted in the layout's own arrays (per device, one micro-batch of `tokens`):
+#   X  one fp32 [tokens, d] array (the residual stream, its cotangent, norms' outputs);
+#   A  one fp32 [tokens, H·h] array (queries, attention outputs and their cotangents);
+#   D  one fp32 dispatch buffer, E·C rows of max(ℓ, I) (marin/model/dispatch.py, expert_parallel.py);
+#   LAT one fp32 [tokens, ℓ] array (the latent: down-projected, normed, combined);
+#   LC one chunk of fp32 logits [micro, LOSS_CHUNK, V];  HV the head (or embedding) [d, V] fp32;
+#   LCD the same chunk for the whole per-device batch: with micro-batches the backward of the
+#       loss's take_along_axis (a scatter-add) is formed that wide by the partitioner (as compiled);
+#   W  one layer's non-expert weights in fp32, gathered whole under FSDP (and their gradient).
+# The "copies" of each are calibrated on the compiled ladder rungs, stages and hero (their table
+# and the 20% check: tests/launch/test_memory_plan.py). XLA:CPU computes bf16 matmuls in fp32, so
+# the compiled figure holds the dispatch and attention buffers in fp32, and so does the estimate.
+# XLA packs the buffers into one arena and loses some of it to fragmentation (ARENA).
 
 GIB = 2 ** 30
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FSDP_MIN_SIZE = 2 ** 14       # as marin/train/state.py: smaller leaves stay replicated
-# Calibrated on ladder_d768 variants compiled on 64 forced host devices (reference attention,
-# replicated non-expert state): full vocabulary 71.1 GiB compiled / 67.7 estimated; vocabulary
-# 1,024 at T 4,096: 28.8 / 29.9; at T 512 (same tokens): 17.7 / 17.1; remat none: 264 / 267.
-# Not yet calibrated: FSDP, offload, blockwise attention, micro-batch scans (4 micro-batches:
-# 15.4 compiled / 19.6 estimated), the update phase (NS_COPIES).
-LOGIT_COPIES = 2.0            # calibrated: fp32 logits and their gradient live together
-ATTN_SCORE_COPIES = 2.4       # calibrated: reference attention's [B,H,T,T] fp32 arrays in one layer's backward
-ATTN_SAVED_COPIES = 4.2       # calibrated: the same arrays each layer keeps without remat
-LAYER_WORK_COPIES = 3.0       # calibrated: one layer's intermediates, their cotangents and recompute
-NS_COPIES = 3.0               # calibrated: MuonH Newton–Schulz temporaries per matrix (fp32)
-BLOCK = 512                   # query/key block of blockwise attention (its temporaries)
-PHASES = ("loss", "backward", "update")
+LOSS_CHUNK = 512              # as marin/model/transformer.py: positions per chunk of the loss
+PHASES = ("forward", "loss", "backward", "update")
+# Calibrated (see above): copies of each array live at the phase's high-water mark.
+FORWARD = {"D": 3.0, "X": 10.0, "HV": 3.0}
+LOSS = {"LC": 1.0, "LCD": 1.0, "HV": 4.0, "X": 13.0}
+BACKWARD = {"D": 6.0, "X": 28.0, "A": 13.0, "LAT": 5.0, "HV": 1.0, "W": 3.0}
+ARENA = 1.08                  # the arena over a phase's live buffers (compiled rungs: ≈4–8%; hero more)
+UPDATE_LEAF = 2.0             # whole-leaf fp32 temporaries of the largest stacked leaf (momentum, direction)
+NS_COPIES = 6.0               # Newton–Schulz temporaries of one layer's slice of a matrix leaf
+EVAL = {"D": 3.0, "X": 4.0, "LC": 1.0, "HV": 1.0}
+ATTN_SCORE_COPIES = 2.4       # reference attention: [B, H, T, T] fp32 arrays in one layer
+ATTN_SAVED_COPIES = 4.2       # the same arrays each layer keeps without remat
 
 
 def optimizer_moments(leaf: Leaf, optimizer: str) -> int:
@@ -194,24 +207,9 @@ def optimizer_moments(leaf: Leaf, optimizer: str) -> int:
     return 2
 
 
-def remat_mode(remat) -> str:
-    """`model.remat` as none | full | dots | offload (true = full, false = none)."""
-    if isinstance(remat, bool):
-        return "full" if remat else "none"
-    return str(remat)
-
-
-def attention_impl(cfg: Config) -> str:
-    """`attention.impl` with auto resolved: cuDNN flash attention on GPUs, blockwise elsewhere."""
-    impl = getattr(cfg.attention, "impl", "auto")
-    if impl == "auto":
-        return "cudnn" if cfg.hardware.platform == "gpu" else "blockwise"
-    return impl
-
-
 def fsdp(cfg: Config) -> bool:
-    """Non-expert state sharded over the rack (hardware.mesh.fsdp, where the schema has it)."""
-    return bool(getattr(cfg.hardware.mesh, "fsdp", False))
+    """Non-expert state sharded over the rack (hardware.mesh.fsdp)."""
+    return bool(cfg.hardware.mesh.fsdp)
 
 
 def leaf_shards(leaf: Leaf, cfg: Config) -> int:
@@ -240,8 +238,7 @@ def capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) 
 
 def layer_activations_per_token(s: Shapes, slots: float, impl: str) -> dict[str, float]:
     """Values one block computes in its forward pass, per token (elements, compute dtype);
-    `slots` = dispatch rows per token (E·C / T). Attention's own stats only for flash-style
-    implementations (one log-sum-exp per head); reference scores are counted per layer apart."""
+    `slots` = dispatch rows per token (E·C / T). What remat=none saves for every layer."""
     qkv = s.H * s.h + 2 * s.kv_local * s.h
     return {
         "attn_norms": 3 * s.d + s.r,                    # RMSNorm out, GatedNorm bottleneck, gate, out
@@ -258,107 +255,150 @@ def layer_activations_per_token(s: Shapes, slots: float, impl: str) -> dict[str,
 
 
 def _dot_outputs_per_token(s: Shapes) -> float:
-    """What remat=dots keeps per token and layer: outputs of matmuls without batch dims."""
-    return (s.H * s.h + 2 * s.kv_local * s.h + s.d + s.H + 2 * s.E  # q, k, v, W_o, gate, router (fp32)
-            + s.latent + s.d + 2 * s.r * 2)                          # latent down / up, GatedNorm bottlenecks
+    """What remat=dots keeps per token and layer: outputs of matmuls without batch dims (as
+    compiled: ladder_d768 with dots saves these and the carry, nothing else)."""
+    return (s.H * s.h + 2 * s.kv_local * s.h + s.d + s.H + s.E      # q, k, v, W_o, head gate, router
+            + s.latent + s.d + 2 * s.r + 2 * s.S * s.I_s)           # latent down / up, GatedNorm downs, shared gate / up
 
 
 def attention_bytes(cfg: Config, batch: int, copies: float = ATTN_SCORE_COPIES) -> float:
-    """One layer's attention working set beyond its per-token values: reference attention forms
-    [B, H, T, T] fp32 scores (and a [B, T, T] mask); blockwise / cuDNN only block tiles."""
+    """One layer's attention arrays beyond A: reference attention forms [B, H, T, T] fp32 scores
+    (and a [B, T, T] mask); the blockwise kernel (and cuDNN's) only block tiles, within A's copies."""
     s, T = Shapes.of(cfg), cfg.train.seq_len
-    if attention_impl(cfg) == "reference":
+    if cfg.attention.impl == "reference":
         return batch * (copies * s.H * T * T * FP32 + T * T)
-    tile = min(BLOCK, T)
-    return batch * s.H * 4 * tile * tile * FP32
+    return 0.0
 
 
-def _state_bytes(cfg: Config) -> tuple[float, float, float]:
-    """(parameters, optimizer state, one fp32 Newton–Schulz matrix set) per device, bytes."""
+def offloaded_masters(cfg: Config) -> bool:
+    """Whether the routed experts' fp32 masters live in pinned host memory (as
+    marin/train/state.py `offloaded_masters`): optim.offload under MuonH, whose update streams
+    them one layer at a time."""
+    return bool(cfg.optim.offload) and cfg.optim.name == "muonh"
+
+
+def _state(cfg: Config) -> dict[str, float]:
+    """Per device, bytes: parameters on the device and in host memory, all their gradients,
+    the optimizer state, its largest leaf the step copies to the device whole (with
+    optim.offload: MuonH streams its momentum per layer instead), the largest stacked MuonH leaf
+    and one layer's slice of the largest MuonH matrix, and one layer's non-expert weights
+    gathered whole (FSDP)."""
     s = Shapes.of(cfg)
-    params = moments = ns = 0.0
+    keys = ("params", "host_params", "grads", "moments", "staged", "muon_leaf", "muon_slice", "layer_weights")
+    out = dict.fromkeys(keys, 0.0)
     for leaf in leaves_of(s):
-        local = leaf.size / leaf_shards(leaf, cfg)
-        params += local
-        moments += local * optimizer_moments(leaf, cfg.optim.name)
+        local = leaf.size / leaf_shards(leaf, cfg) * FP32
+        out["host_params" if leaf.expert and offloaded_masters(cfg) else "params"] += local
+        out["grads"] += local
+        moments = optimizer_moments(leaf, cfg.optim.name)
+        out["moments"] += local * moments
+        streamed = cfg.optim.name == "muonh" and leaf.group == "muonh"
+        if not streamed:
+            out["staged"] = max(out["staged"], local)
         if cfg.optim.name == "muonh" and leaf.group == "muonh":
-            ns = max(ns, local)  # leaves are orthogonalised one after another
-    return params * FP32, moments * FP32, ns * FP32
+            stacked = leaf.path.startswith("layers/")
+            out["muon_leaf"] = max(out["muon_leaf"], local)
+            out["muon_slice"] = max(out["muon_slice"], local / (s.L if stacked else 1))
+        if leaf.path.startswith("layers/") and not leaf.expert and fsdp(cfg):
+            out["layer_weights"] += leaf.size / s.L * FP32
+    return out
+
+
+def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch: bool = False) -> dict[str, float]:
+    """The arrays of the module comment, in bytes per device, for `micro` sequences (`tokens`)
+    of the `per_device` a device holds in a step."""
+    s, m = Shapes.of(cfg), cfg.model
+    unbounded = eval_dispatch and m.eval_dropless and m.eval_dispatch == "unbounded"
+    cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
+    T = cfg.train.seq_len
+    chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
+    return {"X": tokens * s.d * FP32, "A": tokens * s.H * s.h * FP32, "LAT": tokens * s.latent * FP32,
+            "D": s.E * cap * max(s.latent, s.I) * FP32, "LC": micro * chunk * s.V * FP32,
+            "LCD": per_device * chunk * s.V * FP32,
+            "HV": s.d * s.V * FP32, "W": _state(cfg)["layer_weights"]}
+
+
+def micro_batches(cfg: Config) -> int:
+    """Micro-batches per step (as marin/train/step.py `num_microbatches`): the per-device batch
+    over train.micro_batch."""
+    from marin.config.derive import batch_shards  # local: derive imports this module
+
+    return max(1, cfg.train.global_batch // batch_shards(cfg.hardware) // int(cfg.train.micro_batch))
+
+
+def _copies(units: dict[str, float], copies: dict[str, float]) -> float:
+    return sum(n * units[name] for name, n in copies.items())
 
 
 def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str, float]:
     """GiB per device of a resolved config's train step, by part, with their total ("total");
     "host" is what optim.offload / model.offload_carry keep in pinned host memory instead (not
     in the total); "peak_phase" indexes PHASES. Tensor parallelism (mesh.model) is not counted."""
+    from marin.config.derive import batch_shards, remat_mode  # local: derive imports this module
+
     s = Shapes.of(cfg)
     t, m = cfg.train, cfg.model
     mode = remat_mode(m.remat if remat is None else remat)
-    act = DTYPE_BYTES[m.compute_dtype]
-    from marin.config.derive import batch_shards  # local: derive imports this module
-
     per_device = t.global_batch // batch_shards(cfg.hardware)     # sequences per device and step
     micro = int(t.micro_batch)
-    n_micro = max(1, per_device // micro)
+    n_micro = micro_batches(cfg)
     tokens = micro * t.seq_len                                    # one micro-batch on one device
-    slots = m.num_experts * capacity(tokens, s.k, s.E, m.capacity_factor) / tokens
-
-    params, moments, ns = _state_bytes(cfg)
+    u = _units(cfg, tokens, micro, per_device)
+    state = _state(cfg)
+    params = state["params"]
     offload = bool(cfg.optim.offload)
-    grads = params * (2 if n_micro > 1 else 1)                    # + the accumulator
+    optimizer = state["staged"] if offload else state["moments"]  # offload: one leaf at a time
+    # Every parameter's gradient, on the device as XLA:CPU compiles the step: it drops the
+    # placement of the offloaded masters' gradients in host memory (their transpose), which a
+    # GPU keeps there (the hero: 30 GiB less). The accumulator of micro-batches holds them too.
+    grads = state["grads"] * (2 if n_micro > 1 else 1)
     batch = 4 * 4 * per_device * t.seq_len                        # inputs, targets, segments, mask (int32)
 
-    per_layer = sum(layer_activations_per_token(s, slots, attention_impl(cfg)).values()) * act
-    carry = s.d * FP32                                            # the fp32 residual stream
+    # Saved for the backward pass: every layer's values without remat; the carries (fp32) and,
+    # with dots, the matmul outputs; offload_carry keeps the carries in host memory.
+    carry = tokens * s.d * FP32
     if mode == "none":
-        saved = s.L * per_layer
-    elif mode == "dots":
-        saved = s.L * (carry + _dot_outputs_per_token(s) * act)
+        slots = s.E * capacity(tokens, s.k, s.E, m.capacity_factor) / tokens
+        per_layer = sum(layer_activations_per_token(s, slots, cfg.attention.impl).values())
+        saved = s.L * (tokens * per_layer * DTYPE_BYTES[m.compute_dtype] + attention_bytes(cfg, micro, ATTN_SAVED_COPIES))
     else:
-        saved = s.L * carry
-    host = 0.0
-    if m.offload_carry and mode != "none":
-        host += tokens * s.L * carry
-        saved -= (s.L - 2) * carry                                # two carries in flight
-    activations = tokens * saved
-    if mode == "none":  # every layer keeps its attention arrays too
-        activations += s.L * attention_bytes(cfg, micro, ATTN_SAVED_COPIES)
-    layer_work = tokens * LAYER_WORK_COPIES * per_layer + attention_bytes(cfg, micro)
+        # fp32 as XLA:CPU compiles the bf16 matmuls (a GPU keeps bf16 ones at half)
+        dots = tokens * _dot_outputs_per_token(s) * FP32 if mode == "dots" else 0.0
+        saved = s.L * (dots + (0.0 if m.offload_carry else carry))
+    host = s.L * carry if m.offload_carry and mode != "none" else 0.0
     if offload:
-        host += moments
-    # Each phase's transients: (activations, gradients, working); the largest one is the peak.
-    phases = {
-        "loss": (activations, grads - params if n_micro > 1 else 0.0, tokens * s.V * FP32 * LOGIT_COPIES),
-        "backward": (activations, grads, layer_work),
-        "update": (0.0, grads, (moments if offload else 0.0) + NS_COPIES * ns),
+        host += state["moments"] + state["host_params"]
+
+    accumulator = grads - state["grads"]
+    phases = {  # (activations, gradients, working) of each phase
+        "forward": (saved, accumulator, _copies(u, FORWARD) + attention_bytes(cfg, micro)),
+        "loss": (saved, accumulator, _copies(u, LOSS)),
+        "backward": (saved, grads, _copies(u, BACKWARD) + attention_bytes(cfg, micro)),
+        "update": (0.0, grads, UPDATE_LEAF * state["muon_leaf"] + NS_COPIES * state["muon_slice"]),
     }
+    phases = {name: (saved_, grads_, ARENA * work) for name, (saved_, grads_, work) in phases.items()}
     peak = max(phases, key=lambda name: sum(phases[name]))
-    parts = {"params": params, "optimizer": 0.0 if offload else moments, "batch": batch,
+    parts = {"params": params, "optimizer": optimizer, "batch": batch,
              **dict(zip(("activations", "gradients", "working"), phases[peak]))}
     gib = {name: value / GIB for name, value in parts.items()}
     gib["total"] = sum(gib.values())
     gib["host"] = host / GIB
-    gib["peak_phase"] = list(phases).index(peak)  # 0 loss, 1 backward, 2 update (PHASES)
+    gib["peak_phase"] = list(phases).index(peak)
     return gib
 
 
 def eval_memory_per_device(cfg: Config) -> float:
-    """GiB per device of the eval step: the state it is passed (the optimizer state too unless
-    offloaded), the per-device batch in one forward pass (no micro-batches, nothing saved for a
-    backward pass): the larger of the logits and one layer's intermediates. Dropless evaluation
-    sizes the dispatch buffers by `model.eval_dispatch` (where the schema has it): `waves`
-    reuses the training capacity, `unbounded` (today's code without it) gives every expert
-    room for all T tokens."""
-    s = Shapes.of(cfg)
-    t, m = cfg.train, cfg.model
+    """GiB per device of the eval step: the parameters (jit drops the optimizer state, which the
+    step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
+    the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
+    dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
+    gives every expert room for all T tokens."""
     from marin.config.derive import batch_shards  # local: derive imports this module
 
+    t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
-    tokens = per_device * t.seq_len
-    unbounded = m.eval_dropless and getattr(m, "eval_dispatch", "unbounded") == "unbounded"
-    cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
-    per_layer = sum(layer_activations_per_token(s, s.E * cap / tokens, attention_impl(cfg)).values())
-    params, moments, _ = _state_bytes(cfg)
-    layer = tokens * per_layer * DTYPE_BYTES[m.compute_dtype] + attention_bytes(cfg, per_device)
-    logits = tokens * s.V * FP32
-    state = params + (0.0 if cfg.optim.offload else moments)
-    return (state + 16 * tokens + max(layer, logits)) / GIB
+    u = _units(cfg, per_device * t.seq_len, per_device, per_device, eval_dispatch=True)
+    resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
+    layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
+    loss = EVAL["LC"] * u["LC"] + EVAL["HV"] * u["HV"]
+    return (resident + max(layer, loss)) / GIB

@@ -99,35 +99,48 @@ def test_leaf_table_groups_follow_the_optimizer_rules():
 
 
 def test_hero_memory_parts_follow_the_layout():
+    """The hero's own layout (FSDP; optimizer state, expert masters and carries in host memory;
+    remat full): the parts follow from the leaf table, the mesh and the switches."""
     cfg = planned(HERO)
+    assert (cfg.hardware.mesh.fsdp, cfg.optim.offload, cfg.model.offload_carry) == (True, True, True)
     leaves = accounting.leaves_of(accounting.Shapes.of(cfg))
     experts = sum(leaf.size for leaf in leaves if leaf.expert)
     assert experts == 48 * 384 * 3 * 3072 * 3072
     small = sum(leaf.size for leaf in leaves if not leaf.expert and leaf.size < accounting.FSDP_MIN_SIZE)
     others = sum(leaf.size for leaf in leaves) - experts
-    cfg.hardware.mesh.fsdp = False
-    replicated = accounting.memory_per_device(cfg)
-    cfg.hardware.mesh.fsdp = True
-    mem = accounting.memory_per_device(cfg)
-    # Experts over the 64-way expert axis; the rest replicated, or (FSDP) over the rack's 64
-    # devices but for the few leaves too small to shard; fp32.
-    assert replicated["params"] == pytest.approx((experts / 64 + others) * 4 / 2**30)
-    assert mem["params"] == pytest.approx((experts / 64 + (others - small) / 64 + small) * 4 / 2**30)
-    assert mem["gradients"] == mem["params"]  # one micro-batch per step: no accumulator
+    gib = lambda elements: elements * 4 / 2**30  # fp32
+    sharded = gib(experts / 64 + (others - small) / 64 + small)  # experts over 64, the rest FSDP but the smallest
+    on_device = accounting.memory_per_device(planned(HERO, "optim.offload=false"))
+    replicated = accounting.memory_per_device(planned(HERO, "optim.offload=false", "hardware.mesh.fsdp=false"))
+    assert replicated["params"] == pytest.approx(gib(experts / 64 + others))
+    assert on_device["params"] == pytest.approx(sharded)
     # MuonH keeps one momentum on matrices, so its state is near the parameters' size; AdamW's twice.
-    adamw = planned(HERO, "optim=adamw")
-    adamw.hardware.mesh.fsdp = True
-    assert mem["params"] < mem["optimizer"] < 1.01 * mem["params"]
-    assert accounting.memory_per_device(adamw)["optimizer"] == pytest.approx(2 * mem["params"])
+    assert on_device["params"] < on_device["optimizer"] < 1.01 * on_device["params"]
+    adamw = accounting.memory_per_device(planned(HERO, "optim=adamw", "optim.offload=false"))
+    assert adamw["optimizer"] == pytest.approx(2 * on_device["params"])
+    # Offloaded under MuonH: the experts' masters and all optimizer state live in host memory,
+    # with every layer's fp32 carry; the device keeps the rest of the weights and stages one
+    # Adam moment at a time (MuonH streams its momentum per layer).
+    mem = accounting.memory_per_device(cfg)
+    assert mem["params"] == pytest.approx(sharded - gib(experts / 64))
+    assert mem["gradients"] == pytest.approx(sharded)  # every gradient, one micro-batch: no accumulator
+    adam_leaves = [leaf for leaf in leaves if leaf.group != "muonh"]
+    assert mem["optimizer"] == pytest.approx(max(gib(leaf.size / accounting.leaf_shards(leaf, cfg)) for leaf in adam_leaves))
+    carries = gib(48 * 16 * 4096 * 6144)  # L × one micro-batch's tokens × d
+    assert mem["host"] == pytest.approx(on_device["optimizer"] + gib(experts / 64) + carries)
+    assert mem["activations"] == 0  # remat full with the carries in host memory: nothing saved on the device
 
 
-def test_offload_moves_the_optimizer_state_to_the_host():
-    device = accounting.memory_per_device(planned(HERO))
-    offload = accounting.memory_per_device(planned(HERO, "optim.offload=true"))
-    assert offload["optimizer"] == 0 and offload["host"] == pytest.approx(device["optimizer"])
+def test_offload_moves_state_to_the_host():
+    device = accounting.memory_per_device(planned(HERO, "optim.offload=false", "model.offload_carry=false"))
+    offload = accounting.memory_per_device(planned(HERO, "model.offload_carry=false"))
+    masters = device["params"] - offload["params"]  # the experts' (MuonH streams them per layer)
+    assert masters > 0 and offload["optimizer"] < device["optimizer"]
+    assert offload["host"] == pytest.approx(device["optimizer"] + masters)
     assert offload["total"] < device["total"]
-    carry = accounting.memory_per_device(planned(HERO, "model.offload_carry=true"))
-    assert carry["activations"] < device["activations"] and carry["host"] > 0
+    carry = accounting.memory_per_device(planned(HERO, "optim.offload=false"))
+    assert carry["host"] > 0 and carry["activations"] == 0 < device["activations"]
+    assert device["activations"] == pytest.approx(carry["host"])  # the same carries, on the device
 
 
 def test_memory_scales_with_the_rack_not_the_racks():
@@ -137,19 +150,35 @@ def test_memory_scales_with_the_rack_not_the_racks():
     assert experts > 0 and half_rack["params"] > one_rack["params"]  # expert weights over half the devices
     two_racks = accounting.memory_per_device(planned(RUNG, "hardware=gb200_nvl72x2", "train.global_batch=2048"))
     assert two_racks["params"] == one_rack["params"]  # replicated across racks (replica_dcn)
-    assert two_racks["activations"] == one_rack["activations"]  # same micro-batch per device
+    assert two_racks["working"] == one_rack["working"]  # same micro-batch per device
 
 
 def test_activations_follow_remat_attention_and_the_micro_batch():
-    small_vocab = "model.vocab_size=1024"  # so that a layer's backward, not the logits, is the largest phase
-    cfg = planned(RUNG, small_vocab)
-    remat = accounting.memory_per_device(cfg)
-    assert accounting.PHASES[remat["peak_phase"]] == "backward"
-    assert cfg.model.remat and accounting.memory_per_device(cfg, remat=False)["activations"] > remat["activations"]
-    half = accounting.memory_per_device(planned(RUNG, small_vocab, "train.micro_batch=8"))
-    assert half["activations"] == pytest.approx(remat["activations"] / 2)
-    assert half["gradients"] == pytest.approx(2 * remat["gradients"])  # the accumulator
-    blockwise = accounting.memory_per_device(planned(RUNG, small_vocab, "attention.impl=blockwise"))
-    reference = accounting.memory_per_device(planned(RUNG, small_vocab, "attention.impl=reference"))
+    cfg = planned(RUNG, "model.offload_carry=false")
+    full = accounting.memory_per_device(cfg)
+    assert accounting.PHASES[full["peak_phase"]] == "backward"
+    s = accounting.Shapes.of(cfg)
+    assert full["activations"] == pytest.approx(s.L * 16 * 4096 * s.d * 4 / 2**30)  # the fp32 carries
+    none = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "model.remat=none"))
+    dots = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "model.remat=dots"))
+    assert none["activations"] > dots["activations"] > full["activations"]
+    half = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "train.micro_batch=8"))
+    assert half["activations"] == pytest.approx(full["activations"] / 2)
+    small_vocab = "model.vocab_size=1024"  # so that a layer's backward, not the loss, is the largest phase
+    whole = accounting.memory_per_device(planned(RUNG, small_vocab))
+    halves = accounting.memory_per_device(planned(RUNG, small_vocab, "train.micro_batch=8"))
+    assert accounting.PHASES[halves["peak_phase"]] == "backward"
+    assert halves["working"] == pytest.approx(whole["working"] / 2, rel=0.05)  # one micro-batch's buffers
+    assert halves["gradients"] == pytest.approx(2 * whole["gradients"])  # + the accumulator
+    blockwise = accounting.memory_per_device(planned(RUNG, "attention.impl=blockwise"))
+    reference = accounting.memory_per_device(planned(RUNG, "attention.impl=reference"))
     scores = 16 * cfg.attention.num_heads * 4096 ** 2 * 4 / 2**30  # one [B, H, T, T] fp32 array
     assert reference["working"] - blockwise["working"] > scores
+
+
+def test_plan_names_the_layout_it_models():
+    p = plan(planned(HERO))
+    assert p["layout"] == {"fsdp": True, "optim_offload": True, "remat": "full", "offload_carry": True,
+                           "expert_masters_on_host": True, "attention_impl": "cudnn", "micro_batches": 1}
+    assert "remat full" in format_plan(p) and "carries on host" in format_plan(p)
+    assert plan(planned(RUNG, "model.remat=false", "model.offload_carry=false"))["remat"] == "none"

@@ -42,3 +42,30 @@ def test_all_leaves_matches_the_model(name):
     # shapes too: the memory plan shards leaves by their dims as marin/train/state.py does
     table = {leaf.path: leaf.shape for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))}
     assert _leaf_shapes(cfg) == table
+
+
+def test_constants_mirror_the_code():
+    """The memory plan mirrors a few of the code's choices without importing JAX."""
+    from marin.train import state
+
+    assert accounting.FSDP_MIN_SIZE == state.FSDP_MIN_SIZE
+    assert accounting.LOSS_CHUNK == transformer.LOSS_CHUNK
+    for overrides in ((), ("optim=adamw",), ("optim.offload=false",)):
+        cfg = make_config("experiment=ladder_d768", "dry_run=true", *overrides)
+        assert accounting.offloaded_masters(cfg) == state.offloaded_masters(cfg)
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_leaf_shards_follow_the_state_layout(fsdp):
+    """Ways each leaf is split, from the config alone, as marin/train/state.py's PartitionSpecs
+    split it on the rung's mesh (data 1 × expert 64)."""
+    from marin.train import state
+
+    cfg = make_config("experiment=ladder_d768", "dry_run=true", "attention.impl=blockwise",  # shapes only: any kernel
+                      f"hardware.mesh.fsdp={str(fsdp).lower()}")
+    sizes = {"data": int(cfg.hardware.mesh.data), "expert": cfg.hardware.mesh.expert, "model": 1}
+    table = {leaf.path: leaf for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(transformer.param_shapes(cfg))[0]:
+        spec = state.leaf_spec(path, leaf, cfg, sizes)
+        ways = math.prod(math.prod(sizes[a] for a in ((s,) if isinstance(s, str) else s)) for s in spec if s)
+        assert accounting.leaf_shards(table["/".join(k.key for k in path)], cfg) == ways, path
