@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from marin.config.derive import batch_shards, remat_mode
 from marin.config.schema import Config
 # The shapes and parameter counts live in counts.py, which marin.config.derive reads for the
 # token budget: this module builds on derive, never the other way round (no import circle).
-from marin.model.counts import (Shapes, _embed_and_head, _layer_matrices,  # noqa: F401 (re-exported)
-                                active_params_of, total_params_of)
+from marin.model.counts import Shapes, active_params_of, total_params_of
 
 
 def _gated_norm(s: Shapes) -> int:
@@ -321,7 +321,6 @@ def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch:
 def micro_batches(cfg: Config) -> int:
     """Micro-batches per step (as marin/train/step.py `num_microbatches`): the per-device batch
     over train.micro_batch."""
-    from marin.config.derive import batch_shards  # local: derive imports this module
 
     return max(1, cfg.train.global_batch // batch_shards(cfg.hardware) // int(cfg.train.micro_batch))
 
@@ -334,7 +333,6 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     """GiB per device of a resolved config's train step, by part, with their total ("total");
     "host" is what optim.offload / model.offload_carry keep in pinned host memory instead (not
     in the total); "peak_phase" indexes PHASES. Tensor parallelism (mesh.model) is not counted."""
-    from marin.config.derive import batch_shards, remat_mode  # local: derive imports this module
 
     s = Shapes.of(cfg)
     t, m = cfg.train, cfg.model
@@ -393,7 +391,6 @@ def eval_memory_per_device(cfg: Config) -> float:
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
     dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
     gives every expert room for all T tokens."""
-    from marin.config.derive import batch_shards  # local: derive imports this module
 
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
