@@ -17,7 +17,8 @@ compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k f
 With `--ep-devices 8` it instead compares the expert-parallel training transports on 8 forced host
 devices (mesh data 2 × expert 4): `moe[fixed]` against `moe[pooled]` (same capacity factor for
 C, S and R; `--waves` waves), forward + backward, reporting median ms, the time ratio and the
-dropped fraction of assignments. `--skew` shifts each device's tokens by its own random
+dropped fraction of assignments. On a GPU node (8 GPUs) `--transports fixed,pooled,ragged` adds the
+ragged all-to-all, the published run's transport after step 81,716. `--skew` shifts each device's tokens by its own random
 direction (a per-device topic), so each device favours a few experts, as real batches do.
 
 Needs only jax, flax, optax and numpy (plus this repository on the path).
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--matmul", type=int, default=2048, help="N of the paired f32 N³ matmul")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
     p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host CPU devices")
-    p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled, comma list")
+    p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled | ragged (ragged on GPUs only: XLA:CPU cannot compile it), comma list")
     p.add_argument("--waves", type=int, default=3, help="pooled: model.ep_waves")
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
     return p.parse_args(argv)
