@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("builtin", "text", "jsonl", "parquet")
+DEFAULT_ROOT = "."  # data.root when no site is set (schema.DataConfig.root)
 WEIGHT_TOLERANCE = 1e-6
 LIST_AT_MOST = 8  # values quoted in one message
 BINARY_FRACTION = 0.1  # undecodable share of a file's first bytes that makes it binary, not text
@@ -319,28 +320,34 @@ def check(cfg) -> list[tuple[str, str]]:
     srcs = sources(cfg)
     problems += _weight_problems(cfg, srcs)
     problems += _epoch_problems(cfg)
-    if cfg.dry_run:  # site-specific files: a plan is printed without them
-        return problems
     root = data_root(cfg)
+    # A dry run checks what a launch checks where that is cheap and the data is here: the files
+    # when data.root exists on this machine, the cells only when data.root is also set (the
+    # hero's cells live at a site's path: its plan prints anywhere), the tokenizer when it exists.
+    files_here = not cfg.dry_run or root.is_dir()
     for i, s in enumerate(cfg.data.sources):
-        if s.kind != "builtin":
+        if s.kind != "builtin" and files_here:
             problems += location_problems(f"data.sources[{i}]", s.kind, s.paths, root)
     cells = srcs[len(cfg.data.sources):]
+    if cfg.dry_run and not (root.is_dir() and cfg.data.root != DEFAULT_ROOT):
+        cells = []
     bad_cells = [(s.name, m) for s in cells for _, m in location_problems("data.cells", s.kind, s.paths, root)]
     if bad_cells:  # one line for all cells: 200 near-identical lines would hide the point
         listed = "; ".join(f"{n}: {m}" for n, m in bad_cells[:3])
         problems.append(("data.cells_paths", f"{len({n for n, _ in bad_cells})} of {len(cells)} cells cannot "
                          f"be read under data.root={root}: {listed}" + (" …" if len(bad_cells) > 3 else "")))
     for i, e in enumerate(cfg.data.eval_sets):
-        if e.kind != "builtin":
+        if e.kind != "builtin" and files_here:
             problems += location_problems(f"data.eval_sets[{i}]", e.kind, e.paths, root)
     problems += _tokenizer_problems(cfg)
     return problems
 
 
 def _tokenizer_problems(cfg) -> list[tuple[str, str]]:
-    from marin.data.tokenizers import check_vocab, load_tokenizer
+    from marin.data.tokenizers import BYTE, check_vocab, load_tokenizer, tokenizer_path
 
+    if cfg.dry_run and cfg.data.tokenizer != BYTE and not tokenizer_path(cfg.data.tokenizer).is_file():
+        return []  # a site's tokenizer.json, not on this machine: a plan is printed without it
     try:
         tok = load_tokenizer(cfg.data.tokenizer)
     except (FileNotFoundError, ValueError) as err:

@@ -44,6 +44,9 @@ ONE_LINE = [
     (["+train.stepz=5"], "train.stepz"),
     (["resume="], "resume"),
     (["train.init_from=/nonexistent/run"], "train.init_from"),
+    # a dry run checks the data as a launch does (the files when data.root is here; the tokenizer)
+    (["data.sources.0.kind=text", "data.sources.0.paths=[nope/*.txt]", "dry_run=true"], "data.sources[0].paths"),
+    (["model.vocab_size=256", "dry_run=json"], "data.tokenizer"),
 ]
 
 
