@@ -321,13 +321,16 @@ def check(cfg) -> list[tuple[str, str]]:
     problems += _weight_problems(cfg, srcs)
     problems += _epoch_problems(cfg)
     root = data_root(cfg)
-    # A dry run checks what a launch checks where that is cheap and the data is here: the files
-    # when data.root exists on this machine, the cells only when data.root is also set (the
-    # hero's cells live at a site's path: its plan prints anywhere), the tokenizer when it exists.
-    files_here = not cfg.dry_run or root.is_dir()
+    # A dry run checks what a launch checks where that is cheap and the data is here: relative
+    # paths when data.root exists on this machine, absolute ones when their folder does, the cells
+    # only when data.root is also set (the hero's cells live at a site's path: its plan prints
+    # anywhere), the tokenizer when its file exists.
+    def here(paths):
+        return list(paths) if not cfg.dry_run else [p for p in paths if _folder_here(p, root)]
+
     for i, s in enumerate(cfg.data.sources):
-        if s.kind != "builtin" and files_here:
-            problems += location_problems(f"data.sources[{i}]", s.kind, s.paths, root)
+        if s.kind != "builtin" and (paths := here(s.paths)):
+            problems += location_problems(f"data.sources[{i}]", s.kind, paths, root)
     cells = srcs[len(cfg.data.sources):]
     if cfg.dry_run and not (root.is_dir() and cfg.data.root != DEFAULT_ROOT):
         cells = []
@@ -337,10 +340,22 @@ def check(cfg) -> list[tuple[str, str]]:
         problems.append(("data.cells_paths", f"{len({n for n, _ in bad_cells})} of {len(cells)} cells cannot "
                          f"be read under data.root={root}: {listed}" + (" …" if len(bad_cells) > 3 else "")))
     for i, e in enumerate(cfg.data.eval_sets):
-        if e.kind != "builtin" and files_here:
-            problems += location_problems(f"data.eval_sets[{i}]", e.kind, e.paths, root)
+        if e.kind != "builtin" and (paths := here(e.paths)):
+            problems += location_problems(f"data.eval_sets[{i}]", e.kind, paths, root)
     problems += _tokenizer_problems(cfg)
     return problems
+
+
+def _folder_here(pattern: str, root: Path) -> bool:
+    """Whether the data a path names would be on this machine: its folder (before any glob) exists;
+    relative paths are under data.root."""
+    full = Path(os.path.expanduser(pattern))
+    if not full.is_absolute():
+        return root.is_dir()
+    parts = full.parts
+    magic = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    fixed = Path(*parts[:magic])  # the folder a glob starts from, or the file itself
+    return (fixed if magic < len(parts) else fixed.parent).is_dir()
 
 
 def _tokenizer_problems(cfg) -> list[tuple[str, str]]:

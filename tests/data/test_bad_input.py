@@ -1,6 +1,8 @@
 """Every bad data input is a clear error at validation, before anything is written or trained."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from marin.config.validate import ConfigError, load
@@ -97,9 +99,12 @@ def test_tokenizer_larger_than_the_model_vocabulary(files):
     sources = two([0.5], [0.5])
     msg = problems(files, sources, overrides=["model.vocab_size=256"])
     assert msg["data.tokenizer"].startswith("data.tokenizer (byte) has 258 ids but model.vocab_size is 256")
-    dry = load(composed(files, sources, overrides=["model.vocab_size=256", "dry_run=true"]))[1]
+    msg = problems(files, sources, overrides=["model.vocab_size=256", "dry_run=true"])  # a dry run too
+    assert msg["data.tokenizer"].startswith("data.tokenizer (byte) has 258 ids but model.vocab_size is 256")
+    cfg = load(composed(files, sources, overrides=["dry_run=true"]))[1]
+    small = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=256))
     with pytest.raises(ValueError, match="model.vocab_size is 256"):  # the loader checks it too
-        Loader(dry, progress=False)
+        Loader(small, progress=False)
 
 
 def test_missing_tokenizer_file(files):
