@@ -61,7 +61,7 @@ class Plan:
     source: record.RunRecord
     reference: dict           # (key, step) -> value
     where: str                # where the reference came from
-    first: int                # the first step the replay trains
+    first: int                # the first step compared (a window's replay trains from the checkpoint below it)
     last: int | None          # the step the window ends at (None: the whole run)
     overrides: list[str] = field(default_factory=list)
 
@@ -160,23 +160,22 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
         return Plan(source, recorded, where, first, None)
     a, b = window
     last = max(step for _, step in recorded)
-    if not first <= a < b <= last:
-        raise VerifyError(f"verify_steps: must lie within the steps of run {source.run_id}, {first}:{last}; "
+    if not first < a < b <= last:  # `first` is the state before the run's first update, step first + 1
+        raise VerifyError(f"verify_steps: must lie within the steps of run {source.run_id}, {first + 1}:{last}; "
                           f"got {a}:{b}")
     # step a's metrics come from the update after checkpoint a − 1 (optimizer step n logs at n)
     steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s < a]
     overrides = [f"train.stop_after={b}"]
-    if steps:
-        start = steps[-1]
-        overrides.append(f"train.init_from='{source.run_dir}@{a - 1}'")  # restores `start`, the newest < a
-    elif a <= first + 1:
-        start = first  # the run's own beginning: its config starts there (fresh, or its own init_from)
-    else:
+    if steps:  # restores steps[-1], the newest checkpoint below a
+        overrides.append(f"train.init_from='{source.run_dir}@{a - 1}'")
+    elif a > first + 1:  # else the run's own beginning: its config starts there (fresh, or its own init_from)
         have = listed_steps(checkpoint_dir(source.run_dir))
         raise VerifyError(f"verify_steps: run {source.run_id} has no checkpoint below step {a} to start "
                           f"from (checkpoints: {', '.join(map(str, have)) or 'none'}); start the window at "
                           f"{first} (the run's start) or at a checkpoint")
-    return Plan(source, recorded, where, start, b, overrides)
+    # Only the window is compared: the updates from the checkpoint up to step a − 1 are warm-up.
+    window_values = {(k, s): v for (k, s), v in recorded.items() if a <= s <= b}
+    return Plan(source, window_values, where, a, b, overrides)
 
 
 # ---------------------------------------------------------------------------- comparing

@@ -66,7 +66,7 @@ def test_untouched_run_verifies_identical(original, capsys):
     before = runs(tmp)
     assert launch(f"reproduce={rec.run_dir}", "verify=true", *site) == 0
     out = capsys.readouterr().out
-    assert "verify: identical (bit for bit)" in out and "steps 0–6" in out, out
+    assert "verify: identical (bit for bit)" in out and "steps 1–6" in out, out
     replay = replay_of(tmp, before)
     result = json.loads((replay / "verify.json").read_text())
     assert result["result"] == "identical" and result["compared"] > 6 * 10   # every step's train/* and both evals
@@ -143,7 +143,7 @@ def test_compare_rtol_and_missing_metrics():
 @pytest.mark.parametrize("args, field", [
     ((), "verify"),                                           # no reproduce=
     (("verify_steps=5:9",), "verify_steps"),                  # past the run's last step (6)
-    (("verify_steps=1:4",), "verify_steps"),                  # no checkpoint at or below 1 (first is 2)
+    (("verify_steps=0:4",), "verify_steps"),                  # before the run's first step (1)
     (("verify_steps=4",), "verify_steps"),                    # not a:b
     (("verify_rtol=-1",), "verify_rtol"),
 ])
