@@ -2,6 +2,9 @@
 (plots as data: PNGs, nothing fetched), with the forecast hook; a sweep's page; bad input."""
 import base64
 import json
+import os
+import shutil
+import subprocess
 from html.parser import HTMLParser
 
 import numpy as np
@@ -63,6 +66,32 @@ def test_a_run_ends_with_its_report_in_the_directory_and_mlflow(run, tmp_path):
     assert {report.REPORT, expert_load.FILE} <= artifacts
     downloaded = MlflowClient(rec.tracking_uri).download_artifacts(rec.run_id, report.REPORT, str(tmp_path))
     assert Page(open(downloaded).read()).sections == page.sections
+
+
+def test_the_report_renders_offline_in_a_real_browser(run, tmp_path):
+    """Headless Chromium with every host name unresolvable: the page has its sections, and its
+    screenshot is a page of plots (many colours), not text with broken-image icons."""
+    from matplotlib.image import imread
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        message = "no headless chromium here (scripts/browser_install.sh installs it)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    rec, _ = run
+    url = (rec.run_dir / report.REPORT).as_uri()
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
+              f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert RUN_SECTIONS <= set(Page(dom.stdout).sections)
+    shot = tmp_path / "report.png"
+    done = subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", url],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    pixels = (imread(shot)[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    colours = len(np.unique(pixels, axis=0))
+    inked = float(np.mean(pixels.min(axis=1) < 250))   # share of pixels that are not (near) white
+    assert colours > 1000 and inked > 0.05, (colours, inked)   # text with broken images: ~300 and 3%
 
 
 def test_expert_load_snapshots_are_fractions_per_layer(run):
