@@ -269,7 +269,7 @@ def run_html(client, run, run_dir: Path | None) -> str:
         ("run", f"{run.info.run_name} ({run_id})"),
         ("state", run.info.status),
         ("started / ended", f"{_when(run.info.start_time) or '–'} / {_when(run.info.end_time) or '–'}"),
-        ("steps", f"{int(loss[0][-1]) + 1 if loss is not None else '–'} / {total}"),
+        ("steps", f"{int(loss[0][-1]) if loss is not None else '–'} / {total}"),
         ("final train loss", _num(_final(loss))),
         ("final eval/macro_loss", _num(_final(series.get("eval/macro_loss")))),
         ("tokens/s (median, 2nd half)", _num(_median_late(series.get("train/tokens_per_s")), ",.0f")),
@@ -338,7 +338,7 @@ def sweep_html(client, parent) -> str:
         if macro is not None:
             evals[label] = macro
         rows.append((label, " ".join(overrides) or "–", kid.info.status,
-                     int(loss[0][-1]) + 1 if loss is not None else "–", _num(_final(loss)), _num(_final(macro)),
+                     int(loss[0][-1]) if loss is not None else "–", _num(_final(loss)), _num(_final(macro)),
                      _num(_median_late(tps), ",.0f"), kid.info.run_id))
     jobs = _table(rows, ("job", "overrides", "state", "steps", "train loss", "eval/macro_loss", "tokens/s", "run id"))
     summary = [("sweep", f"{tags.get('sweep')} ({tags.get('sweep_id')})"),

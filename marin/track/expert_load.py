@@ -45,8 +45,8 @@ class ExpertLoadLog:
         self.loads: list[np.ndarray] = []
         self._dirty = False
         old = read(run_dir) if enabled else None
-        if old is not None:  # a resumed run: keep what came before the step it resumes from
-            keep = old[0] < start
+        if old is not None:  # a resumed run from state `start` (start updates taken): keep steps 1…start
+            keep = old[0] <= start
             self.steps, self.loads = list(old[0][keep]), list(old[1][keep])
 
     def wants(self, step: int, last: bool = False) -> bool:

@@ -268,8 +268,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
             row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
         if n % cfg.train.log_every == 0 or n == stop:
             tracker.log_metrics(row, n)
-        if "expert_load" in metrics and loads.wants(step, last=step == stop - 1):
-            loads.add(step, metrics["expert_load"])
+        if "expert_load" in metrics and loads.wants(n, last=n == stop):
+            loads.add(n, metrics["expert_load"])
         progress.update(step, values["loss"], tps)
         summary = {"step": step + 1, "loss": values["loss"]}
 

@@ -97,7 +97,7 @@ def test_the_report_renders_offline_in_a_real_browser(run, tmp_path):
 def test_expert_load_snapshots_are_fractions_per_layer(run):
     rec, cfg = run
     steps, load = expert_load.read(rec.run_dir)
-    assert list(steps) == list(range(cfg.train.steps))  # log_every 1, a short run: every step
+    assert list(steps) == list(range(1, cfg.train.steps + 1))  # log_every 1, a short run: every step (1…N)
     assert load.shape == (cfg.train.steps, cfg.model.num_layers, cfg.model.num_experts)
     np.testing.assert_allclose(load.sum(-1), 1.0, rtol=1e-5)
 
@@ -110,14 +110,14 @@ def test_snapshot_cadence_is_bounded_and_on_logged_steps():
 
 def test_a_resumed_run_keeps_the_snapshots_before_its_start(tmp_path):
     first = expert_load.ExpertLoadLog(tmp_path, start=0, total_steps=10, log_every=1)
-    for step in range(4):
+    for step in range(1, 5):
         first.add(step, np.full((2, 4), 0.25 + step))
     first.save()
-    resumed = expert_load.ExpertLoadLog(tmp_path, start=2, total_steps=10, log_every=1)  # resumes at step 2
-    resumed.add(2, np.full((2, 4), 9.0))
+    resumed = expert_load.ExpertLoadLog(tmp_path, start=2, total_steps=10, log_every=1)  # from checkpoint 2
+    resumed.add(3, np.full((2, 4), 9.0))
     resumed.save()
     steps, load = expert_load.read(tmp_path)
-    assert list(steps) == [0, 1, 2] and load[:, 0, 0].tolist() == [0.25, 1.25, 9.0]
+    assert list(steps) == [1, 2, 3] and load[:, 0, 0].tolist() == [1.25, 2.25, 9.0]
     assert not expert_load.ExpertLoadLog(tmp_path / "x", 0, 10, 1, enabled=False).wants(0)
 
 
