@@ -226,7 +226,6 @@ class TrainConfig:
     seed: int = 0
     eval_every: Any = 50                 # steps between held-out evaluations (0 = only at the end); auto = every 5% of steps
     eval_batches: int = 2
-    eval_with_drops: bool = False        # also log eval/<set>/loss_dropped, at the training capacity
     log_every: int = 1                   # steps between logged metric rows (the loss is checked every step)
     init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
     init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)
@@ -249,6 +248,12 @@ class RunConfig:
     sweep: Optional[str] = None          # set by sweeps/*.yaml; names the MLflow parent run
     sweep_id: Optional[str] = None       # groups a sweep's jobs under one parent; default: one per launch
     out_dir: str = "outputs"             # relative paths resolve against the project root
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (every train.eval_every steps; always dropless)."""
+    with_drops: bool = False             # also log eval/<set>/loss_dropped, at the training capacity and transport
 
 
 @dataclass
@@ -276,6 +281,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     dry_run: Any = False                 # false | true | json | compile | config

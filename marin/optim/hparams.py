@@ -65,5 +65,5 @@ def structure_key(cfg: Config) -> str:
         o, **{name: 0.0 for name in OPTIM_NUMBERS},
         grad_clip=None if o.grad_clip is None else 0.0,
         decay=[dataclasses.replace(r, value=0.0, start=0, end=0) for r in o.decay])
-    train = (t.seq_len, t.global_batch, t.micro_batch, t.eval_with_drops, t.init_seq_len, t.earlier_seq_lens)
+    train = (t.seq_len, t.global_batch, t.micro_batch, cfg.eval.with_drops, t.init_seq_len, t.earlier_seq_lens)
     return repr((cfg.model, cfg.attention, cfg.router, cfg.data, cfg.hardware, optim, train))

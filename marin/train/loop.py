@@ -225,7 +225,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         losses = {}
         for name, batches in loader.eval_batches().items():
             values = [jax.device_get(eval_step(state, to_global(b))) for b in batches]
-            for key in values[0]:  # loss (dropless), and loss_dropped with train.eval_with_drops
+            for key in values[0]:  # loss (dropless), and loss_dropped with eval.with_drops
                 losses[f"eval/{name}/{key}"] = sum(float(v[key]) for v in values) / len(values)
         dropless = [v for k, v in losses.items() if k.endswith("/loss")]
         if dropless:

@@ -169,7 +169,7 @@ def hyperparams(cfg, mesh):
 
 def make_eval_step(cfg, mesh):
     """eval_step(state, batch) -> {"loss": dropless ce} (+ "loss_dropped": the ce with the
-    training transport's capacity and drops, when `train.eval_with_drops`)."""
+    training transport's capacity and drops, when `eval.with_drops`)."""
     # The same forward with the training pass's dispatch (model.ep_transport and its capacities).
     with_drops = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, eval_dropless=False))
 
@@ -178,7 +178,7 @@ def make_eval_step(cfg, mesh):
         bias = routers.router_bias(state.router_state, cfg)
         _, metrics = transformer.loss_fn(state.params, batch, bias, cfg, train=False, mesh=mesh)
         out = {"loss": metrics["ce"]}
-        if cfg.train.eval_with_drops:
+        if cfg.eval.with_drops:
             _, dropped = transformer.loss_fn(state.params, batch, bias, with_drops, train=False, mesh=mesh)
             out["loss_dropped"] = dropped["ce"]
         return out

@@ -170,7 +170,7 @@ def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one
     from tests.train.test_step import batch_of
 
     base = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "model.capacity_factor=0.25"]
-    plain, with_drops = make_config(*base), make_config(*base, "train.eval_with_drops=true")
+    plain, with_drops = make_config(*base), make_config(*base, "eval.with_drops=true")
     state = init_state(plain, build_optimizer(plain), jax.random.key(0))
     batch = batch_of(plain)
     a = jax.jit(make_eval_step(plain, make_mesh(plain)))(state, batch)
@@ -188,7 +188,7 @@ def test_loop_logs_the_dropped_loss_beside_the_dropless_one_with_the_pooled_tran
     from marin.train.loop import train
     from tests.train.test_loop import start
 
-    cfg, rec = start(tmp_path, "train.steps=2", "train.eval_with_drops=true", "model.ep_transport=pooled",
+    cfg, rec = start(tmp_path, "train.steps=2", "eval.with_drops=true", "model.ep_transport=pooled",
                      "model.capacity_factor=0.5", "model.ep_recv_capacity_factor=0.25", "model.ep_waves=1")
     summary = train(cfg, rec)
     dropped = {k: v for k, v in summary.items() if k.endswith("/loss_dropped")}
