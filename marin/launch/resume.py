@@ -57,7 +57,7 @@ def _describe(changes: dict) -> str:
 def _recompose(source, overrides: list[str], previous: dict):
     """(composed, resolved, changes against `previous`) of the run with `overrides`."""
     from marin.config.validate import ConfigError
-    from marin.launch.cli import fail
+    from marin.launch.cli import config_errors, fail
     from marin.track import record
     from marin.track.reproduce import ReproduceError, recompose
 
@@ -68,7 +68,7 @@ def _recompose(source, overrides: list[str], previous: dict):
     except ReproduceError as err:
         fail(f"resume: {err}")
     except ConfigError as err:
-        fail("resume: invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+        fail(config_errors(err, prefix="resume: "))
     for cfg in (composed, resolved):  # a continuation, not a reproduction: its own store and folder
         cfg.reproduce = None
         cfg.tracking.uri = source.tracking_uri

@@ -292,7 +292,7 @@ def _xla_flags(run: record.RunRecord) -> str:
 def verify(cfg, job_overrides: list[str]) -> None:
     """launch.py with verify=true: plan, recompose, replay here, compare; exits 0, 1 or 2."""
     from marin.config.validate import ConfigError
-    from marin.launch.cli import fail
+    from marin.launch.cli import config_errors, fail
     from marin.track.reproduce import ReproduceError, recompose
 
     try:
@@ -301,7 +301,7 @@ def verify(cfg, job_overrides: list[str]) -> None:
     except (VerifyError, ReproduceError) as err:
         fail(str(err) if isinstance(err, VerifyError) else f"reproduce: {err}")
     except ConfigError as err:
-        fail("invalid config\n" + "\n".join(f"  {n}: {m}" for n, m in err.problems))
+        fail(config_errors(err))
     window = f"steps {chosen.first}–{chosen.last}" if chosen.last is not None else "the whole run"
     print(f"verify: replaying {window} of run {chosen.source.run_id}; {len(chosen.reference)} recorded values "
           f"({chosen.where})", file=sys.stderr)
