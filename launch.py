@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from marin.config.store import register
+from marin.launch.cli import exit_now
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
@@ -39,6 +40,8 @@ if __name__ == "__main__":
     except SystemExit as done:
         # Hydra reports a composition error (unknown option or key, wrong type) and exits 1;
         # it is bad input like any other, so it gets bad input's status.
-        if done.code == 1 and not _composed:
-            sys.exit(2)
-        raise
+        code = 2 if done.code == 1 and not _composed else done.code
+        if not isinstance(code, (int, type(None))):  # sys.exit("message"): Python prints it
+            raise
+        exit_now(code)
+    exit_now(0)

@@ -38,10 +38,9 @@ def timed(cmd: list[str], cwd: Path) -> float:
 
 
 def imports_jax(args: list[str]) -> bool:
-    probe = ("import runpy, sys; sys.argv = ['launch.py', *sys.argv[1:]]\n"
-             "try:\n    runpy.run_path('launch.py', run_name='__main__')\n"
-             "except SystemExit:\n    pass\n"
-             "print('JAX_IMPORTED' if 'jax' in sys.modules else 'NO_JAX', file=sys.stderr)")
+    probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', *sys.argv[1:]]\n"
+             "atexit.register(lambda: print('JAX_IMPORTED' if 'jax' in sys.modules else 'NO_JAX', file=sys.stderr))\n"
+             "runpy.run_path('launch.py', run_name='__main__')\n")  # launch.py ends the process itself
     out = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True)
     return "JAX_IMPORTED" in out.stderr
 

@@ -15,9 +15,12 @@ directory and its parent run). Metrics are read back from MLflow. Plots are PNGs
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import html
 import io
 import json
+import pickle
 import re
 import sys
 import time
@@ -73,6 +76,22 @@ def _median_late(series: Series | None) -> float | None:
 
 # ---------------------------------------------------------------------------- plotting
 
+# Figures drawn in this process, by a digest of what they show: the tracking companion draws a
+# run's page while the run's final eval runs, then again at its end, where only what changed (the
+# losses, with the final eval) is drawn anew (marin.track.tracker.Tracker.draw_report).
+_drawn: dict[str, str | None] = {}
+
+
+def _memo(plot):
+    @functools.wraps(plot)
+    def draw(*args, **kwargs):
+        key = plot.__name__ + hashlib.sha256(pickle.dumps((args, kwargs))).hexdigest()
+        if key not in _drawn:
+            _drawn[key] = plot(*args, **kwargs)
+        return _drawn[key]
+    return draw
+
+
 def _figure(rows: int = 1, cols: int = 1, height: float = 3.2):
     # The object API with its own Agg canvas: no pyplot, no global backend switch in the caller.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -114,6 +133,7 @@ def _finish(ax, ylabel: str, legend: bool = True, log: bool = False) -> None:
         ax.legend(fontsize=7)
 
 
+@_memo
 def plot_losses(series: dict[str, Series]) -> str | None:
     train = {k: v for k, v in series.items() if k in ("train/loss", "train/ce")}
     evals = {k: v for k, v in series.items() if k.startswith("eval/") and k.endswith("loss")}
@@ -151,6 +171,7 @@ def _forecast(ax, series: dict[str, Series]) -> None:
                         label="forecast band")
 
 
+@_memo
 def plot_lines(series: dict[str, Series], ylabel: str, log: bool = False) -> str | None:
     if not series:
         return None
@@ -162,6 +183,7 @@ def plot_lines(series: dict[str, Series], ylabel: str, log: bool = False) -> str
     return _png(fig)
 
 
+@_memo
 def plot_per_layer(series: dict[int, Series], ylabel: str) -> str | None:
     """One line per layer, or, with many layers, a heatmap (layer × step)."""
     if not series:
@@ -184,6 +206,7 @@ def plot_per_layer(series: dict[int, Series], ylabel: str) -> str | None:
     return _png(fig)
 
 
+@_memo
 def plot_expert_load(steps: np.ndarray, load: np.ndarray) -> str:
     """Heatmaps expert × step of each chosen layer's load, relative to balanced (1 = 1/E)."""
     n_layers, n_experts = load.shape[1], load.shape[2]
@@ -306,12 +329,17 @@ def run_html(client, run, run_dir: Path | None) -> str:
     return _page(f"run {run.info.run_name}", sections)
 
 
+def run_page(rec: record.RunRecord, client=None) -> str:
+    """A run's page as it stands (its figures stay drawn for the next page of this process)."""
+    client = client or backend.client(rec.tracking_uri)
+    return run_html(client, client.get_run(rec.run_id), rec.run_dir)
+
+
 def write_run_report(rec: record.RunRecord, out: Path | None = None, log_to_mlflow: bool = True) -> Path:
     """Write a run's page (default `<run dir>/report.html`) and log it (and the expert-load file)
     to the run's MLflow artifacts."""
     client = backend.client(rec.tracking_uri)
-    run = client.get_run(rec.run_id)
-    page = run_html(client, run, rec.run_dir)
+    page = run_page(rec, client)
     path = Path(out) if out else rec.run_dir / REPORT
     _write(path, page)
     if log_to_mlflow:

@@ -178,16 +178,17 @@ def config_search_path() -> list[str]:
     return found
 
 
-def provenance() -> dict:
+def provenance(search_path: list[str], argv: list[str]) -> tuple[dict, str]:
+    """record.json's provenance; `search_path` and `argv` are the launching process's."""
     git, diff = git_state()
     return {
-        "config_search_path": config_search_path(),
+        "config_search_path": search_path,
         "git": git,
         "packages": package_versions(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "argv": [secrets.redact_override(a) for a in sys.argv],
+        "argv": argv,
         "env": environment(),
     }, diff
 
@@ -245,37 +246,87 @@ def _tag_value(text: str) -> str:
     return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - 20] + " …(truncated)"
 
 
+@dataclass(frozen=True)
+class Draft:
+    """A run directory with its config written, before its MLflow run exists (`prepare`); what
+    `register` needs to make that run, in this process or in the tracking companion."""
+    run_dir: Path
+    uri: str
+    experiment_name: str
+    digest: str
+    resolved: Config
+    overrides: list[str]          # as typed (secrets in them are found again where it is registered)
+    sweep: object                 # marin.track.sweep.Membership, or None
+    search_path: list[str]
+    argv: list[str]
+
+
 def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecord:
     """Make the run directory and its MLflow run (after validation). All or nothing."""
+    draft = prepare(composed, resolved, overrides)
+    handler = attach_log(draft)
+    try:
+        rec = register(draft)
+    except BaseException:
+        detach_log(handler)
+        abandon(draft)
+        raise
+    return opened(rec, draft)
+
+
+def prepare(composed: Config, resolved: Config, overrides: list[str]) -> Draft:
+    """Check the store, then make the run directory with its config files (no MLflow import)."""
     from marin.track import sweep
 
     uri = backend.tracking_uri(resolved)
     backend.check_reachable(uri)  # before anything is written
     sweep.check_tracking(resolved, uri)
-    exp_name = backend.experiment_name(resolved)
-    secrets.scan_environment()
-    secrets.scan_overrides(overrides)
-    secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
+    _scan_secrets(resolved, overrides)
     composed_tree = secrets.redact(config_dict(composed))
     resolved_tree = secrets.redact(config_dict(resolved))
     safe_overrides = [secrets.redact_override(o) for o in overrides]
     digest = config_hash(resolved)
+    member = sweep.membership(resolved, overrides)
     run_dir = _new_run_dir(backend.out_dir(resolved) / "runs", resolved.run.name, digest)
-    client, run_id, made_parent, sweep_tags = None, None, None, {}
+    draft = Draft(run_dir, uri, backend.experiment_name(resolved), digest, resolved, list(overrides), member,
+                  config_search_path(), [secrets.redact_override(a) for a in sys.argv])
     try:
-        info, diff = provenance()
         _write_text(run_dir / COMPOSED, to_yaml(composed_tree))
         _write_text(run_dir / RESOLVED, to_yaml(resolved_tree))
         _write_text(run_dir / OVERRIDES, yaml.safe_dump(safe_overrides, default_flow_style=False))
+    except BaseException:
+        abandon(draft)
+        raise
+    return draft
+
+
+def _scan_secrets(resolved: Config, overrides: list[str]) -> None:
+    secrets.scan_environment()
+    secrets.scan_overrides(overrides)
+    secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
+
+
+def register(draft: Draft) -> RunRecord:
+    """Make the MLflow run of a prepared directory: provenance, the run with its params and tags,
+    record.json, the record's artifacts. A failure deletes what it made and raises (the caller
+    removes the directory: `abandon`)."""
+    from marin.track import sweep
+
+    resolved, uri, run_dir = draft.resolved, draft.uri, draft.run_dir
+    _scan_secrets(resolved, draft.overrides)  # again: this may be the companion process
+    safe_overrides = [secrets.redact_override(o) for o in draft.overrides]
+    client, run_id, made_parent, sweep_tags = None, None, None, {}
+    try:
+        info, diff = provenance(draft.search_path, draft.argv)
         if diff:
             _write_text(run_dir / DIFF, diff)
         client = backend.client(uri)
-        exp_id = backend.experiment_id(client, exp_name, uri)
-        sweep_tags, made_parent = sweep.attach(client, exp_id, resolved, overrides, uri)
+        exp_id = backend.experiment_id(client, draft.experiment_name, uri)
+        sweep_tags, made_parent = sweep.attach(client, exp_id, draft.sweep, uri)
         tags = {
             "git_commit": info["git"]["commit"] or "unknown",
             "git_dirty": str(info["git"]["dirty"]).lower(),
-            "config_hash": digest,
+            "config_hash": draft.digest,
             "run_dir": str(run_dir),
             "overrides": _tag_value(json.dumps(safe_overrides)),
             "run_name": resolved.run.name,
@@ -291,10 +342,11 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
             if resolved.verify:
                 tags["verification_of"] = str(resolved.reproduce)  # marin/track/verify.py adds verify_result
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
-        run_id = client.create_run(exp_id, tags=tags, run_name=secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)).info.run_id
-        _log_params(client, run_id, resolved_tree)
-        info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": exp_name,
-                "experiment_id": exp_id, "name": resolved.run.name, "config_hash": digest,
+        run_name = secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)
+        run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
+        _log_params(client, run_id, secrets.redact(config_dict(resolved)))
+        info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": draft.experiment_name,
+                "experiment_id": exp_id, "name": resolved.run.name, "config_hash": draft.digest,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "schema_version": resolved.schema_version,
                 "seeds": {"train.seed": resolved.train.seed}, "overrides": safe_overrides,
                 "sweep": sweep_tags or None, **info}
@@ -302,30 +354,94 @@ def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecor
         for name in (COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF):
             if (run_dir / name).exists():
                 client.log_artifact(run_id, str(run_dir / name), artifact_path="record")
+        rec = RunRecord(run_dir, run_id, uri, draft.experiment_name)
         if sweep_tags:
-            sweep.note_child(RunRecord(run_dir, run_id, uri, exp_name), sweep_tags)
+            sweep.note_child(rec, sweep_tags)
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
         for made in (run_id, made_parent):
             if made and client is not None:
                 _discard(client, made)
         if made_parent:
             shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
         raise
-    rec = RunRecord(run_dir, run_id, uri, exp_name)
-    attach_log(rec)
-    log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), exp_name)
+    log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), draft.experiment_name)
     return rec
 
 
-def attach_log(rec: RunRecord) -> logging.Handler:
+def abandon(draft: Draft) -> None:
+    """Remove a run directory whose MLflow run was not made (it holds only its config)."""
+    shutil.rmtree(draft.run_dir, ignore_errors=True)
+
+
+def opened(rec: RunRecord, draft: Draft) -> RunRecord:
+    """In the process that trains (its log lines already go to run.log): a sweep's launch learns
+    of its child."""
+    from marin.track import sweep
+
+    if draft.sweep is not None:
+        sweep.made_child(rec.run_id)
+    return rec
+
+
+class RunNotMade(RuntimeError):
+    """The MLflow run of a pending record could not be made (its directory is removed)."""
+
+
+class PendingRecord:
+    """A run record whose MLflow run the companion is making (marin.track.tracker.create_in): the directory is there (`run_dir`),
+    `run_id` waits for the run, `ready()` returns the RunRecord (or raises, the directory removed).
+    Until then this process's log lines already go to the run's run.log."""
+
+    def __init__(self, draft: Draft, future, companion=None):
+        self.draft, self._future, self.companion = draft, future, companion
+        self._record: RunRecord | None = None
+        self._failed: BaseException | None = None
+        self.run_dir, self.tracking_uri, self.experiment_name = draft.run_dir, draft.uri, draft.experiment_name
+        self._log = attach_log(self)
+
+    def path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    @property
+    def run_id(self) -> str:
+        return self.ready().run_id
+
+    @property
+    def is_made(self) -> bool:
+        return self._record is not None
+
+    def ready(self) -> RunRecord:
+        if self._failed is not None:
+            raise self._failed
+        if self._record is None:
+            from marin.track.companion import CompanionGone
+
+            try:
+                try:
+                    rec = self._future.result()
+                except CompanionGone:  # it died: make the run here instead
+                    log.warning("the tracking companion process ended; the MLflow run is made here")
+                    rec = register(self.draft)
+            except BaseException as err:
+                detach_log(self._log)
+                abandon(self.draft)
+                if isinstance(err, Exception):
+                    self._failed = RunNotMade(secrets.mask(str(err).splitlines()[0] if str(err) else type(err).__name__))
+                    raise self._failed from None
+                raise
+            self._record = opened(rec, self.draft)
+        return self._record
+
+
+def attach_log(rec) -> logging.Handler:
     """From now on this process's log lines also go to <run dir>/run.log (masked like stderr), so
-    the run directory keeps its own log. Called where the record is made (process 0)."""
+    the run directory keeps its own log. Called where the record is made (process 0), as soon as
+    its directory exists (`rec`: anything with a `run_dir`)."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
         root.removeHandler(old)
         old.close()
-    handler = logging.FileHandler(rec.path(LOG), encoding="utf-8")
+    handler = logging.FileHandler(Path(rec.run_dir) / LOG, encoding="utf-8")
     handler.marin_run_log = True
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(secrets.MaskingFilter())
@@ -333,6 +449,20 @@ def attach_log(rec: RunRecord) -> logging.Handler:
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     return handler
+
+
+def to_run_log(line: str, name: str = "marin.train") -> None:
+    """`line` into run.log only (masked), not stderr: for what is printed there otherwise, like
+    the progress bar's eval lines and its last state (marin.train.loop._progress)."""
+    entry = logging.LogRecord(name, logging.INFO, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "marin_run_log", False):
+            handler.handle(entry)  # its MaskingFilter masks secrets
+
+
+def detach_log(handler: logging.Handler) -> None:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
 
 
 def _log_params(client, run_id: str, resolved_tree: dict) -> None:

@@ -131,27 +131,48 @@ def find_parent(client, exp_id: str, sid: str):
     return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
 
-def attach(client, exp_id: str, cfg: Config, overrides: list[str], uri: str) -> tuple[dict, str | None]:
-    """Tags that make this job a child of its sweep's parent (created if absent), and the id of
-    the parent if this call created it (so a failed creation can remove it again)."""
+@dataclass(frozen=True)
+class Membership:
+    """What ties a job to its sweep, read from Hydra in the job's process (`membership`); the
+    parent run is found or made from it wherever the MLflow run is made (`attach`)."""
+    name: str
+    sweep_id: str
+    folder: Path
+    swept: dict            # each swept key and its values
+    own: list[str]         # this job's swept overrides (redacted)
+    expected: int | None   # jobs the multirun will run, when the command line says
+    experiment: str
+
+
+def membership(cfg: Config, overrides: list[str]) -> Membership | None:
+    """This job's sweep, or None for a plain run."""
     name = sweep_name(cfg)
     if not name:
-        return {}, None
+        return None
     sid = sweep_id(cfg)
-    folder = _sweep_dir(cfg, name, sid)
+    swept = swept_values()
+    expected = math.prod(len(v) for v in swept.values()) if swept and any(
+        a in ("-m", "--multirun") for a in sys.argv) else None
+    own = [backend.redact_override(o) for o in overrides if _key(o) in swept]
+    return Membership(name, sid, _sweep_dir(cfg, name, sid), swept, own, expected, backend.experiment_name(cfg))
+
+
+def attach(client, exp_id: str, member: Membership | None, uri: str) -> tuple[dict, str | None]:
+    """Tags that make this job a child of its sweep's parent (created if absent), and the id of
+    the parent if this call created it (so a failed creation can remove it again)."""
+    if member is None:
+        return {}, None
     made = None
-    parents = find_parent(client, exp_id, sid)
+    parents = find_parent(client, exp_id, member.sweep_id)
     if not parents:
-        made = _create_parent(client, exp_id, cfg, name, sid, folder, uri)
-        parents = find_parent(client, exp_id, sid)
+        made = _create_parent(client, exp_id, member, uri)
+        parents = find_parent(client, exp_id, member.sweep_id)
         if parents and parents[0].info.run_id != made:  # another job was first: use its parent
             client.delete_run(made)
             made = None
     parent_id = parents[0].info.run_id if parents else made
-    swept = swept_values()
-    own = [backend.redact_override(o) for o in overrides if _key(o) in swept]
-    tags = {"mlflow.parentRunId": parent_id, "sweep": name, "sweep_id": sid, "sweep_role": CHILD,
-            "sweep_dir": str(folder), "sweep_overrides": json.dumps(own)}
+    tags = {"mlflow.parentRunId": parent_id, "sweep": member.name, "sweep_id": member.sweep_id, "sweep_role": CHILD,
+            "sweep_dir": str(member.folder), "sweep_overrides": json.dumps(member.own)}
     return tags, made
 
 
@@ -183,28 +204,22 @@ def run_name(tags: dict) -> str | None:
     return child_name(json.loads(tags["sweep_overrides"]))
 
 
-def _create_parent(client, exp_id, cfg: Config, name: str, sid: str, folder: Path, uri: str,
-                   expected: int | None = None) -> str:
-    swept = swept_values()
-    tags = {"sweep": name, "sweep_id": sid, "sweep_role": PARENT, "sweep_dir": str(folder),
-            "sweep_params": json.dumps(swept)}
-    if expected:
-        tags["expected_jobs"] = str(expected)
-    elif swept and any(a in ("-m", "--multirun") for a in sys.argv):
-        tags["expected_jobs"] = str(math.prod(len(v) for v in swept.values()))
-    run_id = client.create_run(exp_id, tags=tags, run_name=f"{name}-{sid}").info.run_id
-    folder.mkdir(parents=True, exist_ok=True)
+def _create_parent(client, exp_id, member: Membership, uri: str) -> str:
+    tags = {"sweep": member.name, "sweep_id": member.sweep_id, "sweep_role": PARENT, "sweep_dir": str(member.folder),
+            "sweep_params": json.dumps(member.swept)}
+    if member.expected:
+        tags["expected_jobs"] = str(member.expected)
+    run_id = client.create_run(exp_id, tags=tags, run_name=f"{member.name}-{member.sweep_id}").info.run_id
+    member.folder.mkdir(parents=True, exist_ok=True)
     info = {"parent_run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment_id": exp_id,
-            "experiment": backend.experiment_name(cfg), "sweep": name, "sweep_id": sid, "params": swept,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (folder / "sweep.json").write_text(json.dumps(info, indent=2) + "\n")
+            "experiment": member.experiment, "sweep": member.name, "sweep_id": member.sweep_id,
+            "params": member.swept, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (member.folder / "sweep.json").write_text(json.dumps(info, indent=2) + "\n")
     return run_id
 
 
 def note_child(record, tags: dict) -> None:
     """One line per child in the sweep directory's jobs.jsonl (O_APPEND: safe for parallel jobs)."""
-    if "children" in _launch:
-        _launch["children"].append(record.run_id)
     folder = Path(tags["sweep_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"run_id": record.run_id, "run_dir": str(record.run_dir),
@@ -249,8 +264,15 @@ def begin(cfg: Config, expected: int) -> Launch | None:
         client.set_tag(parent_id, "expected_jobs", str(len(children(client, parents[0])) + expected))
         client.update_run(parent_id, status="RUNNING")
     else:
-        parent_id = _create_parent(client, exp_id, cfg, name, sid, folder, uri, expected)
+        member = Membership(name, sid, folder, swept_values(), [], expected, exp_name)
+        parent_id = _create_parent(client, exp_id, member, uri)
     return Launch(name, sid, parent_id, folder, uri, exp_name)
+
+
+def made_child(run_id: str) -> None:
+    """A job of this process's launch made its run (`end` closes the ones left running)."""
+    if "children" in _launch:
+        _launch["children"].append(run_id)
 
 
 def release() -> None:

@@ -15,6 +15,7 @@ record.json as ``status_unsent`` and sent with the unsent metrics.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -111,16 +112,28 @@ class Tracker:
 
     def log_device_info(self) -> dict:
         """JAX version and devices, into record.json and the run's tags (call after JAX is up)."""
-        import jax
+        info = device_info()
+        self.record_devices(info)
+        return info
 
-        devices = jax.devices()
-        info = {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": len(devices),
-                "local_device_count": jax.local_device_count(), "device_kind": devices[0].device_kind,
-                "process_count": jax.process_count()}
+    def record_devices(self, info: dict) -> None:
         if self.enabled:
             run_record.update_info(self.record, devices=info)
             self.set_tags({f"jax.{k}": v for k, v in info.items()})
-        return info
+
+    def update_info(self, **fields) -> None:
+        """Merge fields into the run's record.json (one writer: the tracker's process)."""
+        if self.enabled:
+            run_record.update_info(self.record, **fields)
+
+    def report(self) -> None:
+        """The run's HTML report (marin/report.py) into its directory and MLflow; never fails the run."""
+        if self.enabled:
+            write_report(self.record)
+
+    def draw_report(self) -> None:
+        """Draw the report's figures ahead of `report`: nothing to gain in this process (the
+        companion's tracker does it while the training process runs the final eval)."""
 
     # ------------------------------------------------------------------ sending
     def flush(self, force: bool = False) -> bool:
@@ -230,8 +243,224 @@ class Tracker:
             self.finish("KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
 
 
+def device_info() -> dict:
+    import jax
+
+    devices = jax.devices()
+    return {"jax": jax.__version__, "backend": jax.default_backend(), "device_count": len(devices),
+            "local_device_count": jax.local_device_count(), "device_kind": devices[0].device_kind,
+            "process_count": jax.process_count()}
+
+
+def write_report(rec) -> None:
+    try:
+        from marin import report
+
+        report.write_run_report(rec, log_to_mlflow=True)
+    except Exception as err:  # a report is a convenience: the run's outcome stands without it
+        log.warning("run report not written (%s: %s)", type(err).__name__, secrets.mask(_first_line(err)))
+
+
 def _first_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+# ---------------------------------------------------------------------------- through the companion
+
+class RemoteTracker:
+    """The Tracker of a local run whose MLflow run the tracking companion makes and logs
+    (marin.track.companion): the same calls, sent down a pipe, so MLflow never runs in the
+    training process. Nothing is lost if the companion dies: the calls it has not confirmed sent
+    to the store are kept (`_journal`) and replayed into an in-process Tracker, which takes over."""
+
+    def __init__(self, companion, pending: run_record.PendingRecord, flush_every_s: float = 5.0):
+        self.record, self.enabled, self.finished = pending, True, False
+        self._companion = companion
+        self._journal: list = []      # (method, args, kwargs) not yet confirmed sent
+        self._sent_before = 0         # calls before the journal's first, all confirmed
+        self._flushes: list = []      # (calls up to here, future of the companion's flush)
+        self._flush_every_s, self._last_flush = flush_every_s, time.monotonic()
+        self._local: Tracker | None = None
+        companion.call(warm_report)  # after making the run, while this process compiles
+
+    def _do(self, method: str, *args, **kwargs):
+        if self._local is None and not self._companion.alive:
+            self._take_over()
+        if self._local is not None:
+            return getattr(self._local, method)(*args, **kwargs)
+        self._journal.append((method, args, kwargs))
+        return self._companion.call(serve, method, *args, **kwargs)
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        self._do("log_metrics", {str(k): _plain(v) for k, v in metrics.items()}, int(step))
+        if time.monotonic() - self._last_flush >= self._flush_every_s:
+            self.flush()
+
+    def set_tags(self, tags: dict) -> None:
+        self._do("set_tags", {str(k): str(v) for k, v in tags.items()})
+
+    def log_text(self, name: str, text: str) -> None:
+        self._do("log_text", name, text)
+
+    def log_artifact(self, path, artifact_path: str | None = None) -> None:
+        self._do("log_artifact", str(path), artifact_path)
+
+    def log_device_info(self) -> dict:
+        info = device_info()
+        self._do("record_devices", info)
+        return info
+
+    def update_info(self, **fields) -> None:
+        self._do("update_info", **fields)
+
+    def flush(self, force: bool = False) -> bool:
+        """Ask the companion to send what it holds; what it confirms leaves the journal."""
+        self._last_flush = time.monotonic()
+        self._forget_confirmed()
+        result = self._do("flush", force)
+        if self._local is not None:
+            return result
+        self._flushes.append((self._sent_before + len(self._journal), result))
+        return True
+
+    def _forget_confirmed(self) -> None:
+        while self._flushes and self._flushes[0][1].done():
+            upto, future = self._flushes.pop(0)
+            if future.exception() is None and future.result():
+                del self._journal[:upto - self._sent_before]
+                self._sent_before = upto
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {status!r}")
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self.record.ready()
+        except run_record.RunNotMade:
+            return  # no run to end (and no directory left)
+        if self._local is None:
+            from marin.track.companion import CompanionError
+
+            try:
+                self._companion.call(serve, "finish", status).result()
+                return
+            except CompanionError as err:
+                if self._companion.alive:  # it answered: its own warning said what went wrong
+                    log.warning("tracking companion could not end the run (%s)", err)
+                    return
+                self._take_over()
+        self._local.finish(status)
+
+    def report(self) -> None:
+        """The run's report, drawn in the companion (it has MLflow and matplotlib loaded)."""
+        if not self.record.is_made:
+            return
+        if self._local is not None:
+            return self._local.report()
+        from marin.track.companion import CompanionError
+
+        try:
+            self._companion.call(serve, "report").result()
+        except CompanionError as err:
+            log.warning("run report not written (%s)", err)
+
+    def draw_report(self) -> None:
+        """The companion draws the report's figures now, while this process runs the final eval."""
+        if self._local is None and self.record.is_made:
+            self._companion.call(draw_served_report)
+
+    def close(self) -> None:
+        self._companion.close()
+
+    def _take_over(self) -> None:
+        """The companion is gone: an in-process Tracker replays what it did not confirm sent."""
+        log.warning("the tracking companion process ended; tracking goes on in the training process")
+        rec = self.record.ready()  # made here if the companion died before making it
+        self._local = Tracker(rec)
+        journal, self._journal, self._flushes = self._journal, [], []
+        for method, args, kwargs in journal:
+            getattr(self._local, method)(*args, **kwargs)
+
+    def __enter__(self) -> "RemoteTracker":
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        self.finish("FINISHED" if kind is None else "KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
+        self.close()
+
+
+def _plain(value):
+    """A float where it is a number (a device scalar would need JAX to unpickle); else as it is,
+    for the companion's Tracker to refuse with its warning."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def create_in(companion, composed, resolved, overrides: list[str]) -> run_record.PendingRecord:
+    """`record.create`, with the MLflow run made by the tracking companion (marin.track.companion)
+    while this process goes on; `PendingRecord.ready()` waits for it, and the companion keeps a
+    Tracker for the run (`RemoteTracker` talks to it)."""
+    draft = run_record.prepare(composed, resolved, overrides)
+    return run_record.PendingRecord(draft, companion.call(open_served_run, draft), companion)
+
+
+# In the companion process: the run it makes for the training process, and that run's Tracker.
+_served: dict = {}
+
+
+def open_served_run(draft) -> run_record.RunRecord:
+    """(In the companion) make the run of a prepared directory and keep a Tracker for it."""
+    from marin.track import companion
+
+    run_record.attach_log(draft)  # the companion's lines go to the run's run.log too
+    rec = run_record.register(draft)
+    _served["tracker"] = Tracker(rec)
+    companion.when_orphaned(_orphaned)
+    return rec
+
+
+def warm_report() -> None:
+    """(In the companion) load matplotlib and its fonts before the run's end needs them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(1, 1))
+    FigureCanvasAgg(figure)
+    figure.subplots().plot([0, 1], [0, 1], label="warm")
+    figure.savefig(io.BytesIO(), format="png")
+    import marin.report  # noqa: F401
+
+
+def serve(method: str, *args, **kwargs):
+    """(In the companion) one Tracker call of the training process."""
+    tracker = _served.get("tracker")
+    if tracker is None:
+        raise RuntimeError("the run was not made (see the error of its creation)")
+    return getattr(tracker, method)(*args, **kwargs)
+
+
+def draw_served_report() -> None:
+    """(In the companion) draw the run's figures as the metrics stand; `report` then redraws only
+    the ones whose data changed (marin.report keeps drawn figures). Never fails the run."""
+    tracker = _served["tracker"]
+    try:
+        from marin import report
+
+        tracker.flush(force=True)
+        report.run_page(tracker.record, tracker._client)
+    except Exception as err:  # noqa: BLE001 — `report` draws it all again
+        log.debug("report figures not drawn ahead (%s)", err)
+
+
+def _orphaned() -> None:
+    tracker = _served.get("tracker")
+    if tracker is not None and not tracker.finished:
+        log.warning("the training process ended without ending MLflow run %s: it ends FAILED", tracker.record.run_id)
+        tracker.finish("FAILED")
 
 
 def end_if_running(record: run_record.RunRecord, status: str) -> None:

@@ -22,6 +22,7 @@ Every process calls `save` and `restore` together (each writes and reads its own
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,7 +67,7 @@ def listed_steps(directory: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _manager(directory: Path, ckpt_cfg=None, read_only: bool = False, on_finalized=None):
+def _open_manager(directory: Path, ckpt_cfg=None, read_only: bool = False, on_finalized=None):
     import orbax.checkpoint as ocp
 
     if read_only:  # orbax warns that a read-only manager is read-only
@@ -216,7 +217,7 @@ def check_structure(run_dir: str | Path, template) -> None:
     directory = checkpoint_dir(run_dir)
     if not directory.is_dir():
         return
-    manager = _manager(directory, read_only=True)
+    manager = _open_manager(directory, read_only=True)
     try:
         for step in sorted(manager.all_steps(), reverse=True):
             diffs = _structure_problem(manager, step, template)
@@ -314,7 +315,12 @@ class Checkpointer:
         self._saving: int | None = None       # the step of the save in flight (sealed on finalize)
         self.restored_from: Path | None = None
         self._primary = jax.process_index() == 0
-        self._manager = _manager(self.directory, self.cfg, on_finalized=self._seal_in_flight)
+
+    @functools.cached_property
+    def _manager(self):
+        """Orbax's manager, opened at the first save or restore (importing orbax takes a quarter of
+        a second; a fresh run's loop imports it in the background while its first steps run)."""
+        return _open_manager(self.directory, self.cfg, on_finalized=self._seal_in_flight)
 
     def _seal_in_flight(self) -> None:
         """Orbax's post-finalization callback (process 0, background thread): the manifest goes
@@ -327,6 +333,8 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (None if there is none)."""
+        if not self.directory.is_dir():  # a fresh run: no need for orbax yet
+            return None
         self._manager.reload()
         return self._manager.latest_step()
 
@@ -394,10 +402,16 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the pending asynchronous save is complete (committed on disk)."""
-        self._manager.wait_until_finished()
+        if self._opened:
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.close()
+        if self._opened:
+            self._manager.close()
+
+    @property
+    def _opened(self) -> bool:
+        return "_manager" in self.__dict__  # functools.cached_property keeps it there
 
 
 def restore_from(source: str | Path, template_state, at_most: int | None = None) -> tuple[object, dict]:
@@ -408,7 +422,7 @@ def restore_from(source: str | Path, template_state, at_most: int | None = None)
     directory = source if source.name == "checkpoints" else checkpoint_dir(source)
     if not directory.is_dir():
         raise NoCheckpointError(f"{directory} does not exist")
-    manager = _manager(directory.resolve(), read_only=True)
+    manager = _open_manager(directory.resolve(), read_only=True)
     try:
         return _restore_newest(manager, template_state, str(directory), set_aside=False, at_most=at_most)[:2]
     finally:

@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+from marin.track import record  # run.log (cheap: no MLflow, no JAX)
+
 log = logging.getLogger("marin.train")
 
 
@@ -28,14 +30,18 @@ class NonFiniteLoss(RuntimeError):
 
 
 def run_local(composed, resolved, overrides, on_created=None) -> dict:
-    """Create the run record, then train here; `on_created(record)` is called in between
-    (verify=true keeps the record of its replay)."""
-    from mlflow.exceptions import MlflowException
+    """Create the run record here, then train here; `on_created(record)` is called in between
+    (verify=true keeps the record of its replay).
 
+    MLflow runs in the tracking companion (marin.track.companion), started first: it imports
+    MLflow and makes the run while this process starts JAX and compiles; the loop waits for the
+    run after its first step is compiled (a run that cannot be made stops it there, nothing left)."""
     from marin.data.loader import Loader
     from marin.data.prepare import UnreadableSource
     from marin.launch.cli import fail
     from marin.track import backend, record as run_record
+    from marin.track.companion import Companion
+    from marin.track.tracker import create_in
 
     out = backend.out_dir(resolved)
     if (problem := _unwritable(out)) is not None:  # before the data cache or the run is written there
@@ -46,29 +52,52 @@ def run_local(composed, resolved, overrides, on_created=None) -> dict:
             backend.check_reachable(uri)
         except backend.TrackingUnavailable as err:
             fail(f"tracking.uri: {err}")
-    try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
-        loader = Loader(resolved)
-    except (UnreadableSource, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    if resolved.optim.offload:  # pinned host memory must exist before anything is written
-        from marin.train.state import check_host_memory
-
-        if (why := check_host_memory()) is not None:
-            print(f"error: {why}", file=sys.stderr)
-            sys.exit(2)
-    try:  # all or nothing: a failure leaves no directory and no MLflow run
-        rec = run_record.create(composed, resolved, overrides)
-    except (backend.TrackingUnavailable, MlflowException, OSError) as err:
-        fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {str(err).splitlines()[0]}")
-    print(f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({rec.tracking_uri})", file=sys.stderr)
-    if on_created is not None:
-        on_created(rec)
+    companion = Companion.start()  # MLflow's import, in parallel with what follows
     try:
-        return train(resolved, rec, loader)
-    except NonFiniteLoss as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(3)
+        try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
+            loader = Loader(resolved)
+        except (UnreadableSource, ValueError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if resolved.optim.offload:  # pinned host memory must exist before anything is written
+            from marin.train.state import check_host_memory
+
+            if (why := check_host_memory()) is not None:
+                print(f"error: {why}", file=sys.stderr)
+                sys.exit(2)
+        try:  # all or nothing: a failure leaves no directory and no MLflow run
+            rec = create_in(companion, composed, resolved, overrides)
+        except (backend.TrackingUnavailable, OSError) as err:
+            fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {str(err).splitlines()[0]}")
+        _say(f"run directory: {rec.run_dir}")
+        try:
+            if on_created is not None:
+                on_created(_made(rec))
+            return train(resolved, rec, loader)
+        except run_record.RunNotMade as err:  # the directory is gone again; nothing was trained
+            fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {err}")
+        except NonFiniteLoss as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(3)
+    finally:
+        companion.close()
+
+
+def _made(rec, say=None):
+    """A pending record's run, waited for (its id said the first time); a made one as it is."""
+    if not isinstance(rec, record.PendingRecord):
+        return rec
+    first = not rec.is_made
+    made = rec.ready()
+    if first:
+        (say or _say)(f"mlflow run: {made.run_id} ({made.tracking_uri})")
+    return made
+
+
+def _say(line: str) -> None:
+    """A line for the user: on stderr, and in the run's run.log."""
+    print(line, file=sys.stderr, flush=True)
+    record.to_run_log(line)
 
 
 def _unwritable(path) -> str | None:
@@ -112,9 +141,10 @@ def train(cfg, rec, loader=None, on_restored=None) -> dict:
     except (Exception, KeyboardInterrupt) as err:
         import jax
 
+        from marin.track.record import RunRecord
         from marin.track.tracker import end_if_running
 
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and isinstance(rec, RunRecord):  # a pending one: its tracker ended it
             end_if_running(rec, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
 
@@ -124,19 +154,23 @@ def _run(cfg, rec, loader, on_restored) -> dict:
 
     enable_compilation_cache(cfg)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
-    from marin.track.tracker import Tracker
+    from marin.track.record import PendingRecord
+    from marin.track.tracker import RemoteTracker, Tracker
     from marin.train import preempt
 
     preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
-    tracker = Tracker(rec, process_index=jax.process_index())
+    if isinstance(rec, PendingRecord):  # its companion logs to MLflow
+        tracker = RemoteTracker(rec.companion, rec)
+    else:
+        tracker = Tracker(rec, process_index=jax.process_index())
     status = "FAILED"  # what MLflow records if anything below raises (a failed restore included)
     try:
         summary, status = _train(cfg, rec, loader, tracker, on_restored)
         return summary
     except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint, but a clean ending
         status = "KILLED"
-        print(f"interrupted without a checkpoint (the newest one is kept); continue with: "
-              f"python launch.py resume={rec.run_dir}", file=sys.stderr, flush=True)
+        _say(f"interrupted without a checkpoint (the newest one is kept); continue with: "
+             f"python launch.py resume={rec.run_dir}")
         raise SystemExit(preempt.exit_code(signal.SIGINT)) from None
     except SystemExit as end:
         # preempt.requeue(): exit 0 leaves the MLflow run open for the requeued job; past
@@ -147,7 +181,7 @@ def _run(cfg, rec, loader, on_restored) -> dict:
         if status is not None:
             tracker.finish(status)
             if jax.process_index() == 0:
-                _report(rec)
+                tracker.report()
 
 
 def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
@@ -165,7 +199,7 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.track import backend, record as run_record
     from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
-    from marin.train.state import batch_sharding, init_state, state_sharding
+    from marin.train.state import batch_sharding, init_sharded
     from marin.train.step import hyperparams, jit_steps
 
     process = jax.process_index()
@@ -173,12 +207,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     loader = loader or Loader(cfg, process_index=process, process_count=jax.process_count())
     tx = build_optimizer(cfg)
 
-    abstract = jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
-    shardings = state_sharding(cfg, abstract, mesh)
+    state, shardings = init_sharded(cfg, tx, mesh, cfg.train.seed)
     batch_spec = batch_sharding(mesh)
-    with jax.set_mesh(mesh):
-        state = jax.jit(lambda k: init_state(cfg, tx, k), out_shardings=shardings)(
-            jax.random.key(cfg.train.seed))
     ckpt = Checkpointer(rec.run_dir, cfg)
     restored_from = None
     if ckpt.latest_step() is not None or ckpt.set_aside():  # a requeued or resumed run
@@ -192,9 +222,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
         log.info("init from %s step %d (%s)", start_at.run_dir, int(state.step),
                  "the newest" if start_at.asked is None else f"asked {start_at.asked}")
-        if process == 0:
-            run_record.update_info(rec, init_from={"run_dir": str(start_at.run_dir), "step": int(state.step),
-                                                   "asked": start_at.asked})
+        tracker.update_info(init_from={"run_dir": str(start_at.run_dir), "step": int(state.step),
+                                       "asked": start_at.asked})
     if on_restored is not None:
         on_restored(int(state.step))
 
@@ -277,6 +306,9 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
             state, metrics = train_step(state, batch, hp)
+            if step == start:  # compiled: from here the run's MLflow run must exist (checkpoints name it)
+                rec = _made(rec, progress.write)
+                _import_in_background("orbax.checkpoint")  # for the first save, while the device works
             if pending is not None:
                 now = time.perf_counter()
                 record_step(pending[0], pending[1], now - last_time)
@@ -302,11 +334,13 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
                 tracker.finish("KILLED")
                 progress.close()
                 name = signal.Signals(signum).name
-                print(f"stopped by {name} at step {step + 1} (checkpoint saved); continue with: "
-                      f"python launch.py resume={rec.run_dir}", file=sys.stderr, flush=True)
+                _say(f"stopped by {name} at step {step + 1} (checkpoint saved); continue with: "
+                     f"python launch.py resume={rec.run_dir}")
                 raise SystemExit(preempt.exit_code(signum))
         if pending is not None:
             record_step(pending[0], pending[1], time.perf_counter() - last_time)
+        loads.save()
+        tracker.draw_report()  # the companion draws the run's figures while the final eval runs
         summary.update(evaluate(stop))
         ckpt.save(stop, state, meta(stop), force=True)
         ckpt.wait()
@@ -317,14 +351,14 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         loads.save()
 
 
-def _report(rec) -> None:
-    """The run's HTML report (marin/report.py) into its directory and MLflow; never fails the run."""
-    try:
-        from marin import report
+def _import_in_background(module: str) -> None:
+    """Import `module` in a thread: it runs while the loop waits on the device (a wait releases
+    the interpreter lock), instead of in front of the first checkpoint."""
+    import importlib
+    import threading
 
-        report.write_run_report(rec, log_to_mlflow=True)
-    except Exception as err:  # a report is a convenience: the run's outcome stands without it
-        log.warning("run report not written (%s: %s)", type(err).__name__, err)
+    if module not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True).start()
 
 
 class _progress:
@@ -335,6 +369,7 @@ class _progress:
 
         self.bar = tqdm(total=stop, initial=start, disable=not enabled, file=sys.stderr,
                         unit="step", dynamic_ncols=True, mininterval=0.5)
+        self.closed = False
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
@@ -343,6 +378,10 @@ class _progress:
     def write(self, line: str) -> None:
         if not self.bar.disable:
             self.bar.write(line, file=sys.stderr)
+            record.to_run_log(line)  # the eval lines belong in the run directory's log too
 
     def close(self) -> None:
+        if not self.bar.disable and self.bar.n > self.bar.initial and not self.closed:
+            record.to_run_log(str(self.bar))  # the bar's last state: steps, time, loss, tokens/s
+        self.closed = True
         self.bar.close()

@@ -22,9 +22,9 @@ def test_validation_does_not_import_jax():
 
 
 def test_cfg_job_does_not_import_jax():
-    probe = ("import runpy, sys; sys.argv = ['launch.py', '--cfg', 'job']\n"
-             "try:\n    runpy.run_path('launch.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('jax' in sys.modules, file=sys.stderr)")
+    probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', '--cfg', 'job']\n"
+             "atexit.register(lambda: print('jax' in sys.modules, file=sys.stderr))  # launch.py exits at once\n"
+             "runpy.run_path('launch.py', run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert "model:" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
@@ -34,9 +34,9 @@ def test_dry_run_config_prints_the_resolved_yaml_without_jax():
     """`dry_run=config`: the resolved config as YAML, every auto replaced, JAX not imported."""
     import yaml
 
-    probe = ("import runpy, sys; sys.argv = ['launch.py', 'model=tiny', 'train.steps=auto', 'dry_run=config']\n"
-             "try:\n    runpy.run_path('launch.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('jax' in sys.modules, file=sys.stderr)")
+    probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', 'model=tiny', 'train.steps=auto', 'dry_run=config']\n"
+             "atexit.register(lambda: print('jax' in sys.modules, file=sys.stderr))  # launch.py exits at once\n"
+             "runpy.run_path('launch.py', run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
     tree = yaml.safe_load(out.stdout)

@@ -21,10 +21,23 @@ def start(tmp_path, *overrides):
 
 
 def test_loss_falls_and_run_is_tracked(tmp_path):
+    """Through the tracking companion, as launch.py runs it: MLflow is made and logged in another
+    process, nothing lost; run.log keeps the progress bar's eval lines and its last state."""
+    from marin.track.companion import Companion
+    from marin.track.tracker import create_in
     from marin.train.loop import train
 
-    cfg, rec = start(tmp_path, "train.steps=40")
-    summary = train(cfg, rec)
+    composed, cfg = load(compose_dict(*TINY, f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                                      "train.steps=40"))
+    companion = Companion.start()
+    try:
+        pending = create_in(companion, composed, cfg, ["train.steps=40"])
+        summary = train(cfg, pending)
+    finally:
+        companion.close()
+    rec = pending.ready()
+    log = (rec.run_dir / "run.log").read_text()
+    assert "step 10: " in log and "macro_loss" in log and "40/40" in log, log
     client = MlflowClient(rec.tracking_uri)
     losses = [m.value for m in sorted(client.get_metric_history(rec.run_id, "train/loss"), key=lambda m: m.step)]
     assert len(losses) == 40
