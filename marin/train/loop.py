@@ -340,9 +340,11 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         if pending is not None:
             record_step(pending[0], pending[1], time.perf_counter() - last_time)
         loads.save()
-        tracker.draw_report()  # the companion draws the run's figures while the final eval runs
-        summary.update(evaluate(stop))
+        # While the final eval runs, orbax writes the last checkpoint (asynchronously) and the
+        # tracking companion draws the run's figures.
         ckpt.save(stop, state, meta(stop), force=True)
+        tracker.draw_report()
+        summary.update(evaluate(stop))
         ckpt.wait()
         return summary, "FINISHED"
     finally:
