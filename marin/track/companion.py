@@ -191,7 +191,10 @@ def serve(warm: str | None) -> None:
 
             reply = (seq, False, secrets.mask(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
         try:
-            _send(replies, reply)
+            try:
+                _send(replies, reply)
+            except (pickle.PicklingError, TypeError, AttributeError) as err:  # a value that cannot travel
+                _send(replies, (seq, False, f"{type(err).__name__}: the call's value cannot be sent back ({err})"))
         except (BrokenPipeError, OSError):
             break
     # The pipe's end: after a run's last call it is the training process's goodbye; the callbacks

@@ -7,13 +7,17 @@ A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` h
     overrides.yaml  the command-line overrides, in order
     record.json     provenance: MLflow run id, git commit/dirty flag, packages, platform, seeds
     git.diff        uncommitted changes at creation (when the tree was dirty)
-    run.log         this process's log lines from creation on (masked)
+    run.log         the run's log lines from creation on, the eval lines among them (masked)
 
 and the MLflow run gets the resolved config as flattened params, provenance as tags and the
 three config files as artifacts. Creation is all or nothing: a failure removes the directory and
-deletes the MLflow run. Secrets never reach any of it: every text written goes through
-`marin.track.secrets` (values under secret-looking names, and those values wherever else they
-appear, are <redacted>; so are passwords in URIs). The directory is always inside run.out_dir.
+deletes the MLflow run. It comes in two halves, `prepare` (the directory and its config, no
+MLflow) and `register` (provenance and the MLflow run): `create` does both here; a local run has
+the tracking companion do the second (marin.track.tracker.create_in, `PendingRecord`).
+
+Secrets never reach any of it: every text written goes through `marin.track.secrets` (values
+under secret-looking names, and those values wherever else they appear, are <redacted>; so are
+passwords in URIs). The directory is always inside run.out_dir.
 """
 from __future__ import annotations
 
@@ -388,9 +392,10 @@ class RunNotMade(RuntimeError):
 
 
 class PendingRecord:
-    """A run record whose MLflow run the companion is making (marin.track.tracker.create_in): the directory is there (`run_dir`),
-    `run_id` waits for the run, `ready()` returns the RunRecord (or raises, the directory removed).
-    Until then this process's log lines already go to the run's run.log."""
+    """A run record whose MLflow run the companion is making (marin.track.tracker.create_in):
+    the directory is there (`run_dir`), `run_id` waits for the run, `ready()` returns the
+    RunRecord (or raises RunNotMade, the directory removed; if the companion died first, the run
+    is made here). Until then this process's log lines already go to the run's run.log."""
 
     def __init__(self, draft: Draft, future, companion=None):
         self.draft, self._future, self.companion = draft, future, companion

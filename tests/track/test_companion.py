@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def test_calls_run_in_order_in_another_process():
         assert {f.result(timeout=60) for f in pids} == {companion.pid} != {os.getpid()}
         with pytest.raises(CompanionError, match="ValueError"):
             companion.call(int, "not a number").result(timeout=60)
-        assert companion.call(sum, [1, 2, 3]).result(timeout=60) == 6  # it goes on after a failure
+        with pytest.raises(CompanionError, match="cannot be sent back"):
+            companion.call(threading.Lock).result(timeout=60)
+        assert companion.call(sum, [1, 2, 3]).result(timeout=60) == 6  # it goes on after failures
     finally:
         companion.close()
 
