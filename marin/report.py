@@ -97,14 +97,18 @@ def _figure(rows: int = 1, cols: int = 1, height: float = 3.2):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.5 if cols == 1 else 3.8 * cols, height * rows))
+    width, tall = (7.5 if cols == 1 else 3.8 * cols), height * rows
+    fig = Figure(figsize=(width, tall))
     FigureCanvasAgg(fig)
+    # Margins in inches, fixed: tight_layout would draw every figure an extra time to measure
+    # its labels (a third of the report's time, which the end of every run waits for).
+    fig.subplots_adjust(left=0.95 / width, right=1 - 0.2 / width, bottom=0.5 / tall, top=1 - 0.3 / tall,
+                        hspace=0.6, wspace=0.35)
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
 def _png(fig) -> str:
     """The figure as an <img> whose source is a base64 data: URI (nothing fetched to show it)."""
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     data = base64.b64encode(buf.getvalue()).decode("ascii")

@@ -156,7 +156,7 @@ def warm_mlflow() -> None:
 def serve(warm: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     try:
-        os.nice(19)  # background work: where cores are short, the training process goes first
+        os.nice(5)  # background work: where cores are short, the training process goes first (mostly)
     except OSError:
         pass
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

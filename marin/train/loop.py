@@ -200,6 +200,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
     from marin.train.state import batch_sharding, init_sharded
+    from marin.optim.hparams import structure_key
+    from marin.train.executables import Cached
     from marin.train.step import hyperparams, jit_steps
 
     process = jax.process_index()
@@ -227,7 +229,10 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     if on_restored is not None:
         on_restored(int(state.step))
 
-    train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)
+    # Compiled at their first call, or loaded from the executables cache (marin.train.executables).
+    structure = structure_key(cfg)
+    train_step, eval_step = (Cached(name, step, structure)
+                             for name, step in zip(("train_step", "eval_step"), jit_steps(cfg, tx, mesh, shardings)))
     hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
 
     def to_global(batch):

@@ -43,12 +43,14 @@ def test_program_does_not_embed_optimizer_numbers():
 
 
 @pytest.mark.slow
-def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog):
+def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog, monkeypatch):
     """Three runs of a learning-rate sweep in one process, through the loop: one compile of the
-    train step, and the points still train differently."""
+    train step, and the points still train differently. (A fresh executables cache: the suite's
+    shared one may hold this step already, and then nothing compiles at all.)"""
     from tests.train.test_loop import start
     from marin.train.loop import train
 
+    monkeypatch.setenv("MARIN_JAX_CACHE", str(tmp_path / "jax-cache"))
     losses = []
     with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
         for i, lr in enumerate(("1e-3", "3e-3", "1e-2")):
