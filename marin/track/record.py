@@ -415,6 +415,10 @@ class PendingRecord:
     def is_made(self) -> bool:
         return self._record is not None
 
+    def ready_to_read(self) -> bool:
+        """Whether `ready()` would return (or raise) at once."""
+        return self._record is not None or self._failed is not None or self._future.done()
+
     def ready(self) -> RunRecord:
         if self._failed is not None:
             raise self._failed

@@ -251,7 +251,16 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
 
     def meta(step: int) -> dict:
         """What a checkpoint carries besides the state (the data position is the step itself)."""
-        return {"mlflow_run_id": rec.run_id, "tokens_seen": loader.tokens_seen(step)}
+        return {"mlflow_run_id": made().run_id, "tokens_seen": loader.tokens_seen(step)}
+
+    def made(wait: bool = True):
+        """The run's record once its MLflow run exists. A local run's companion makes that run
+        while the first steps train; a checkpoint (which names it) and the run's end wait for
+        it, and a run that could not be made stops at the first step after the companion says so."""
+        nonlocal rec
+        if isinstance(rec, record.PendingRecord) and (wait or rec.ready_to_read()):
+            rec = _made(rec, progress.write)
+        return rec
 
     def evaluate(step: int) -> dict:
         tracker.log_metrics({f"data/tokens/{k}": v for k, v in loader.tokens_seen(step).items()}, step)
@@ -311,8 +320,8 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
         for step in range(start, stop):
             batch = to_global(loader.batch(step))
             state, metrics = train_step(state, batch, hp)
-            if step == start:  # compiled: from here the run's MLflow run must exist (checkpoints name it)
-                rec = _made(rec, progress.write)
+            made(wait=False)
+            if step == start:
                 _import_in_background("orbax.checkpoint")  # for the first save, while the device works
             if pending is not None:
                 now = time.perf_counter()

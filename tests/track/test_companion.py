@@ -116,3 +116,28 @@ def test_mlflow_never_loads_in_the_training_process_and_a_killed_run_ends_failed
     while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert client.get_run(run_id).info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_a_run_whose_mlflow_run_cannot_be_made_stops_early_and_leaves_nothing(tmp_path):
+    """The training process goes on while the companion makes the run; when the companion cannot,
+    training stops at once: one line, exit 2, no run directory."""
+    garbage = tmp_path / "store" / "mlflow.db"
+    garbage.parent.mkdir()
+    garbage.write_text("not a database")
+    out = tmp_path / "out"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        from tests.helpers import compose_dict
+        from marin.config.validate import load
+        from marin.train import loop
+        overrides = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
+                     "train.steps=100000", "run.out_dir={out}", "tracking.uri=sqlite:///{garbage}"]
+        composed, resolved = load(compose_dict(*overrides))
+        loop.run_local(composed, resolved, overrides)
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "error: could not create the run record" in done.stderr and "Traceback" not in done.stderr
+    assert not list((out / "runs").iterdir())

@@ -1,6 +1,7 @@
 """The executables cache (marin.train.executables): a step loaded from it computes exactly what
 the jitted step computes; anything that changes the program changes the key; a damaged entry
 is compiled again."""
+import ast
 import logging
 
 import jax
@@ -45,10 +46,11 @@ def small_step():
 
 def test_a_loaded_step_computes_what_the_jitted_step_computes(cache):
     step, weights, x = small_step()
-    expected = jax.device_get(step(weights(), x))
     first = executables.Cached("small", step, "structure")
-    assert jax.tree.map(np.array_equal, jax.device_get(first(weights(), x)), expected) == {"loss": True, "w": True}
+    got = jax.device_get(first(weights(), x))
     assert len(list(cache.glob("small-*.pkl"))) == 1  # kept
+    expected = jax.device_get(step(weights(), x))
+    assert jax.tree.map(np.array_equal, got, expected) == {"loss": True, "w": True}
     again = executables.Cached("small", step, "structure")  # as a new process would
     w = weights()
     assert jax.tree.map(np.array_equal, jax.device_get(again(w, x)), expected) == {"loss": True, "w": True}
@@ -72,12 +74,44 @@ def test_the_key_follows_the_program(monkeypatch):
 
 def test_a_damaged_entry_is_compiled_again(cache, caplog):
     step, weights, x = small_step()
-    expected = jax.device_get(step(weights(), x))
     executables.Cached("small", step, "structure")(weights(), x)
     (entry,) = cache.glob("small-*.pkl")
+    expected = jax.device_get(step(weights(), x))
     entry.write_bytes(entry.read_bytes()[:100])  # cut short
     with caplog.at_level(logging.WARNING, logger="marin.train"):
         got = jax.device_get(executables.Cached("small", step, "structure")(weights(), x))
     assert jax.tree.map(np.array_equal, got, expected) == {"loss": True, "w": True}
     assert "does not load" in caplog.text
-    assert executables._load(entry) is not None  # written again, whole
+    # Dropped, or written again whole (a fresh compile is kept; this process's in-memory copy is not).
+    assert not entry.exists() or executables._load(entry) is not None
+
+
+def test_the_steps_are_traced_from_the_hashed_sources_only():
+    """The key hashes PROGRAM_SOURCES only: every module of the package that the step, state and
+    mesh modules import (transitively) must be one of them, or a change to it would load a stale
+    step."""
+    package = executables.PACKAGE
+    hashed = set(executables.program_files())
+
+    def module_file(name):
+        path = package.parent / name.replace(".", "/")
+        return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+    todo = [package / "train" / "step.py", package / "train" / "state.py", package / "launch" / "mesh.py"]
+    seen, outside = set(), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path not in hashed:
+            outside.add(path.relative_to(package).as_posix())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("marin"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("marin")]
+            else:
+                continue
+            todo += [f for f in map(module_file, names) if f.is_file()]
+    assert not outside, sorted(outside)
