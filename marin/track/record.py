@@ -404,9 +404,6 @@ class PendingRecord:
         self.run_dir, self.tracking_uri, self.experiment_name = draft.run_dir, draft.uri, draft.experiment_name
         self._log = attach_log(self)
 
-    def path(self, name: str) -> Path:
-        return self.run_dir / name
-
     @property
     def run_id(self) -> str:
         return self.ready().run_id

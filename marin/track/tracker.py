@@ -383,13 +383,6 @@ class RemoteTracker:
         for method, args, kwargs in journal:
             getattr(self._local, method)(*args, **kwargs)
 
-    def __enter__(self) -> "RemoteTracker":
-        return self
-
-    def __exit__(self, kind, err, tb) -> None:
-        self.finish("FINISHED" if kind is None else "KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
-        self.close()
-
 
 def _plain(value):
     """A float where it is a number (a device scalar would need JAX to unpickle); else as it is,

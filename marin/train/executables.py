@@ -77,6 +77,7 @@ def compiled(name: str, jitted, structure: str, args):
 
 
 _seen = {"compiles": 0, "cache_hits": 0}  # backend compiles and persistent-cache hits in this process
+_listening = []  # the listeners above, once registered
 
 
 def _on_duration(event: str, duration: float, **_) -> None:
@@ -96,10 +97,10 @@ def _compile_fresh(jitted, args):
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    if not _seen.get("listening"):
+    if not _listening:
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
         jax.monitoring.register_event_listener(_on_event)
-        _seen["listening"] = True
+        _listening.append(True)
     before = dict(_seen)
     enabled = jax.config.values.get("jax_enable_compilation_cache", True)
     quiet = logging.getLogger("jax._src.compilation_cache")
@@ -120,8 +121,10 @@ def cache_dir() -> Path:
     """Beside JAX's persistent compilation cache (marin.train.loop.enable_compilation_cache)."""
     import jax
 
+    from marin.config.store import project_path
+
     base = jax.config.values.get("jax_compilation_cache_dir") or os.environ.get("MARIN_JAX_CACHE")
-    return Path(base or "outputs/cache/jax") / "executables"
+    return Path(base) / "executables" if base else project_path("outputs/cache/jax/executables")
 
 
 def key(name: str, structure: str, args) -> str:

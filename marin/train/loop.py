@@ -34,12 +34,12 @@ def run_local(composed, resolved, overrides, on_created=None) -> dict:
     (verify=true keeps the record of its replay).
 
     MLflow runs in the tracking companion (marin.track.companion), started first: it imports
-    MLflow and makes the run while this process starts JAX and compiles; the loop waits for the
-    run after its first step is compiled (a run that cannot be made stops it there, nothing left)."""
+    MLflow and makes the run while this process starts JAX and trains; a checkpoint and the run's
+    end wait for that run (a run that cannot be made stops at once, nothing left)."""
     from marin.data.loader import Loader
     from marin.data.prepare import UnreadableSource
     from marin.launch.cli import fail
-    from marin.track import backend, record as run_record
+    from marin.track import backend
     from marin.track.companion import Companion
     from marin.track.tracker import create_in
 
@@ -74,7 +74,7 @@ def run_local(composed, resolved, overrides, on_created=None) -> dict:
             if on_created is not None:
                 on_created(_made(rec))
             return train(resolved, rec, loader)
-        except run_record.RunNotMade as err:  # the directory is gone again; nothing was trained
+        except record.RunNotMade as err:  # the directory is gone again; nothing was trained
             fail(f"could not create the run record ({backend.safe_uri(uri)}, {out}): {err}")
         except NonFiniteLoss as err:
             print(f"error: {err}", file=sys.stderr)
@@ -141,10 +141,9 @@ def train(cfg, rec, loader=None, on_restored=None) -> dict:
     except (Exception, KeyboardInterrupt) as err:
         import jax
 
-        from marin.track.record import RunRecord
         from marin.track.tracker import end_if_running
 
-        if jax.process_index() == 0 and isinstance(rec, RunRecord):  # a pending one: its tracker ended it
+        if jax.process_index() == 0 and isinstance(rec, record.RunRecord):  # a pending one: its tracker ended it
             end_if_running(rec, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
 
@@ -154,12 +153,11 @@ def _run(cfg, rec, loader, on_restored) -> dict:
 
     enable_compilation_cache(cfg)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
-    from marin.track.record import PendingRecord
     from marin.track.tracker import RemoteTracker, Tracker
     from marin.train import preempt
 
     preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
-    if isinstance(rec, PendingRecord):  # its companion logs to MLflow
+    if isinstance(rec, record.PendingRecord):  # its companion logs to MLflow
         tracker = RemoteTracker(rec.companion, rec)
     else:
         tracker = Tracker(rec, process_index=jax.process_index())
@@ -196,12 +194,12 @@ def _train(cfg, rec, loader, tracker, on_restored) -> tuple[dict, str | None]:
     from marin.track.expert_load import ExpertLoadLog
     from marin.track.forecast_check import Check
     from marin.train import preempt
-    from marin.track import backend, record as run_record
+    from marin.track import backend
     from marin.train import init_from
     from marin.train.checkpoint import Checkpointer, restore_from
-    from marin.train.state import batch_sharding, init_sharded
     from marin.optim.hparams import structure_key
     from marin.train.executables import Cached
+    from marin.train.state import batch_sharding, init_sharded
     from marin.train.step import hyperparams, jit_steps
 
     process = jax.process_index()

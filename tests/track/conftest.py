@@ -51,3 +51,25 @@ def multirun_job(store):
 
     yield make
     HydraConfig.instance().cfg = None
+
+
+@pytest.fixture
+def lr_sweep_parent(store, multirun_job, monkeypatch):
+    """make(sweep_id) -> the parent run id of a finished 3-point learning-rate multirun (not a
+    ladder: one compute scale), its jobs' eval/macro_loss 3, 4, 5 at step 4."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    from marin.track import record, tracker
+
+    def make(sweep_id: str) -> str:
+        monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "optim.lr=1e-3,3e-3,1e-2"])
+        runs = []
+        for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
+            rec = record.create(*multirun_job(i, f"run.sweep_id={sweep_id}", f"optim.lr={lr}"))
+            with tracker.Tracker(rec) as t:
+                t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
+            runs.append(rec.run_id)
+        return MlflowClient(store["uri"]).get_run(runs[0]).data.tags["mlflow.parentRunId"]
+    return make

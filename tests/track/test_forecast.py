@@ -120,16 +120,9 @@ def test_prediction_band_from_the_regression():
     assert high - low == pytest.approx(0, abs=1e-9)
 
 
-def test_an_lr_sweep_is_refused_on_the_command_line(store, multirun_job, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "optim.lr=1e-3,3e-3,1e-2"])
-    recs = []
-    for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
-        rec = record.create(*multirun_job(i, "run.sweep_id=fc-lr", f"optim.lr={lr}"))
-        with tracker.Tracker(rec) as t:
-            t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
-        recs.append(rec)
+def test_an_lr_sweep_is_refused_on_the_command_line(store, lr_sweep_parent, capsys):
+    parent_id = lr_sweep_parent("fc-lr")
     client = MlflowClient(store["uri"])
-    parent_id = client.get_run(recs[0].run_id).data.tags["mlflow.parentRunId"]
     assert forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a ladder: 3 run(s) at 1 distinct compute scale(s)" in err

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from marin import forecast
 from marin.config.validate import ConfigError, load
 from marin.model import accounting
-from marin.track import forecast_check, record, tracker
+from marin.track import forecast_check, record
 from tests.helpers import compose_dict, make_config
 from tests.track.test_forecast import _ladder
 
@@ -47,15 +47,8 @@ def test_register_writes_the_forecast_and_the_ladder(store, multirun_job, monkey
     assert f"forecast/{TARGET}.yaml" in {a.path for a in client.list_artifacts(parent_id, "forecast")}
 
 
-def test_register_refuses_a_non_ladder_and_writes_nothing(store, multirun_job, monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "optim.lr=1e-3,3e-3,1e-2"])
-    recs = []
-    for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
-        rec = record.create(*multirun_job(i, "run.sweep_id=fc-reg-lr", f"optim.lr={lr}"))
-        with tracker.Tracker(rec) as t:
-            t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
-        recs.append(rec)
-    parent_id = MlflowClient(store["uri"]).get_run(recs[0].run_id).data.tags["mlflow.parentRunId"]
+def test_register_refuses_a_non_ladder_and_writes_nothing(store, lr_sweep_parent, tmp_path, capsys):
+    parent_id = lr_sweep_parent("fc-reg-lr")
     path = tmp_path / "lr.yaml"
     argv = [parent_id, "--tracking-uri", store["uri"], "--target", TARGET, "--register", str(path)]
     assert forecast.main(argv) == 2
