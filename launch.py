@@ -10,8 +10,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from marin.cli import exit_now
 from marin.config.store import register
-from marin.launch.cli import exit_now
+from marin.launch.entry import dispatch
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
@@ -25,8 +26,6 @@ _composed = False  # whether Hydra got as far as calling main
 def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
-    from marin.launch.entry import dispatch
-
     try:
         dispatch(cfg)
     except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)

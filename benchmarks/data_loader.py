@@ -28,8 +28,9 @@ TARGET = 20.0
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from marin.config.store import CONF_DIR, register
-    from marin.config.validate import load
+    from marin.config.paths import CONF_DIR
+    from marin.config.store import register
+    from marin.launch.checks import load
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -56,7 +57,7 @@ def step_time(cfg, steps: int) -> float:
     import jax
 
     from marin.data.loader import Loader
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import batch_sharding, init_state, state_sharding
     from marin.train.step import make_train_step

@@ -150,7 +150,7 @@ def time_once(fn, args) -> float:
 
 def transports_main(a):
     """Expert-parallel transports on forced host devices, one run: time and drop rate."""
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
 
     devices = jax.device_count()
     key_x, key_v, key_p = jax.random.split(jax.random.key(0), 3)

@@ -37,8 +37,9 @@ def default_config(*overrides: str) -> Config:
     """The default run's config, composed exactly as launch.py does."""
     from hydra import compose, initialize_config_dir
 
-    from marin.config.store import CONF_DIR, register
-    from marin.config.validate import load
+    from marin.config.paths import CONF_DIR
+    from marin.config.store import register
+    from marin.launch.checks import load
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -69,7 +70,7 @@ def random_batch(cfg) -> dict:
 
 
 def build_step(cfg):
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import init_state
     from marin.train.step import make_train_step
@@ -121,7 +122,7 @@ def step_rate(cfg, rounds: int, matmul_n: int, peak_tflops: float) -> None:
 
 
 def compile_seconds(cfg) -> float:
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import init_state
     from marin.train.step import make_train_step

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail
 from marin.track import record
+from marin.track.errors import first_line
 from marin.track.record import flatten
 
 BOOKKEEPING = ("run.", "tracking.", "reproduce", "resume", "dry_run", "wait")
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         b = record.open(args.run_b, tracking_uri=args.tracking_uri)
         rows = differences(a, b, "composed" if args.composed else "resolved", bookkeeping=args.all)
     except record.RecordError as err:
-        return fail(err)
+        fail(first_line(err))
     except (OSError, ValueError) as err:  # a damaged run directory
-        return fail(f"cannot read the runs' configs: {err}")
+        fail(f"cannot read the runs' configs: {first_line(err)}")
     print(f"A: {a.run_dir.name}  ({a.run_id})")
     print(f"B: {b.run_dir.name}  ({b.run_id})")
     ga, gb = a.info().get("git", {}).get("commit"), b.info().get("git", {}).get("commit")

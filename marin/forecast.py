@@ -26,9 +26,14 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail
+from marin.config.paths import CONF_DIR, project_path
 from marin.config.schema import Config
+from marin.config.store import register
+from marin.launch.checks import load
 from marin.model import accounting
-from marin.track import backend, sweep
+from marin.track import backend, forecast_check, sweep
+from marin.track.errors import first_line
+from marin.track.record import COMPOSED, RESOLVED, flatten
 
 log = logging.getLogger("marin.forecast")
 
@@ -94,8 +99,6 @@ def horizon(cfg: Config) -> int:
 
 
 def load_resolved(run_dir: str | Path) -> Config:
-    from marin.track.record import RESOLVED
-
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / RESOLVED)))
 
 
@@ -114,8 +117,6 @@ def rungs_of(client, parent, metric: str) -> list[Rung]:
 
 
 def _composed_leaves(run_dir: str | Path) -> dict:
-    from marin.track.record import COMPOSED, flatten
-
     return flatten(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / COMPOSED), resolve=True))
 
 
@@ -249,8 +250,6 @@ def target_config(target: str, overrides: list[str]) -> Config:
     (without its site-specific data files)."""
     from hydra import compose, initialize_config_dir
 
-    from marin.config.store import CONF_DIR, register
-    from marin.config.validate import load
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -376,15 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         check_fit(fits[-1], args.min_r2)
         registered = None
         if args.register is not None:
-            from marin.config.store import project_path
-            from marin.track import forecast_check
-
             doc = registration(fits, rungs, cfg, args.target, args.metric, E, parent, args.set)
             registered = forecast_check.write(project_path(args.register or f"conf/forecasts/{args.target}.yaml"), doc)
     except (sweep.SweepNotFound, backend.TrackingUnavailable, ValueError) as err:
-        return fail(err)
+        fail(first_line(err))
     except Exception as err:  # the target does not compose, the store answers with an error
-        return fail(f"{type(err).__name__}: {err}")
+        fail(f"{type(err).__name__}: {first_line(err)}")
     text = table(fits, args.target)
     print(text)
     final = fits[-1]

@@ -30,6 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin.cli import Parser, fail
+from marin.config.derive import batch_shards
+from marin.config.schema import Config
+from marin.data.tokenizers import BYTE, load_tokenizer
+from marin.model.mesh import AXES, make_mesh, mesh_shape
+from marin.optim import build_optimizer
+from marin.track import record
+from marin.track.errors import first_line
+from marin.train.checkpoint import NoCheckpointError, checkpoint_dir, restore_from
 
 log = logging.getLogger("marin.generate")
 
@@ -55,15 +63,12 @@ def run_config(rec):
     """The run's resolved config as the typed `Config` (its own saved `resolved.yaml`)."""
     from omegaconf import OmegaConf
 
-    from marin.config.schema import Config
 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), rec.resolved()))
 
 
 def check_checkpoint(run_dir: Path) -> None:
     """A cheap look before JAX starts: the run has at least one finished checkpoint directory."""
-    from marin.train.checkpoint import checkpoint_dir
-
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir() or not any(p.name.isdigit() for p in folder.iterdir()):
         raise GenerateError(f"run {run_dir.name} has no checkpoint (nothing in {folder}); a run saves one "
@@ -96,7 +101,6 @@ def _mesh(cfg):
     import jax
     from jax.sharding import AxisType
 
-    from marin.launch.mesh import AXES, make_mesh, mesh_shape
 
     if math.prod(mesh_shape(cfg)) == jax.device_count() and jax.process_count() == 1:
         return make_mesh(cfg)
@@ -106,8 +110,6 @@ def _mesh(cfg):
 
 def _restore(run_dir: Path, template):
     """The one place a checkpoint is read: the project's restore of another run's newest state."""
-    from marin.train.checkpoint import restore_from
-
     return restore_from(run_dir, template)
 
 
@@ -115,10 +117,8 @@ def load(rec, cfg=None) -> Model:
     """The run's newest checkpoint, restored with the run's shardings on the chosen mesh."""
     import jax
 
-    from marin.data.tokenizers import load_tokenizer
-    from marin.model import routers
-    from marin.optim import build_optimizer
-    from marin.train.state import init_state, state_sharding
+    from marin.model import routers  # JAX: imported only when this runs
+    from marin.train.state import init_state, state_sharding  # JAX: imported only when this runs
 
     cfg = cfg or run_config(rec)
     mesh = _mesh(cfg)
@@ -138,7 +138,7 @@ def _next_token_fn(model: Model, temperature: float, top_k: int, allowed: int, b
     import jax
     import jax.numpy as jnp
 
-    from marin.model import transformer
+    from marin.model import transformer  # JAX: imported only when this runs
 
     cfg, mesh = model.cfg, model.mesh
 
@@ -167,8 +167,6 @@ def generate(model: Model, prompt: list[int], max_new_tokens: int, temperature: 
     import jax
     import numpy as np
 
-    from marin.config.derive import batch_shards
-    from marin.data.tokenizers import BYTE
 
     tok = model.tokenizer
     window = min(model.cfg.train.seq_len, len(prompt) + max_new_tokens)
@@ -216,15 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", help="where run names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
-        return fail(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
+        fail(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
-        return fail(f"--temperature must be 0 (greedy) or positive; got {args.temperature}")
+        fail(f"--temperature must be 0 (greedy) or positive; got {args.temperature}")
     if args.top_k < 0:
-        return fail(f"--top-k must be 0 (no limit) or positive; got {args.top_k}")
+        fail(f"--top-k must be 0 (no limit) or positive; got {args.top_k}")
 
-    from marin.data.tokenizers import load_tokenizer
-    from marin.track import record
-    from marin.train.checkpoint import NoCheckpointError
 
     try:
         rec = record.open(args.run, tracking_uri=args.tracking_uri, out_dir=Path(args.out_dir) if args.out_dir else None)
@@ -235,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.top_k > cfg.model.vocab_size:
             raise GenerateError(f"--top-k {args.top_k} exceeds model.vocab_size {cfg.model.vocab_size}")
     except (record.RecordError, GenerateError, FileNotFoundError, ValueError) as err:
-        return fail(err)
+        fail(first_line(err))
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns that a read-only restore is read-only
     try:
         model = load(rec, cfg)
     except NoCheckpointError as err:
-        return fail(f"run {rec.run_dir.name}: {err}")
+        fail(f"run {rec.run_dir.name}: {first_line(err)}")
     except Exception as err:  # a checkpoint of another model layout (the code changed since), a damaged file
-        return fail(f"run {rec.run_dir.name}: cannot restore its checkpoint ({type(err).__name__}: {err})")
+        fail(f"run {rec.run_dir.name}: cannot restore its checkpoint ({type(err).__name__}: {first_line(err)})")
     new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                    stop_at_eos=not args.ignore_eos)
     text = model.tokenizer.decode(prompt + new)

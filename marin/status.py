@@ -16,6 +16,7 @@ from pathlib import Path
 
 from marin.cli import Parser, fail
 from marin.track import backend, record, sweep
+from marin.track.errors import first_line
 
 SLURM_FAILED = ("CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "FAILED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 LOSS = "train/loss"
@@ -133,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         client, parent = sweep.open_parent(args.sweep, args.tracking_uri, args.out_dir)
         jobs, closed = reconcile(client, parent)
     except (sweep.SweepNotFound, backend.TrackingUnavailable) as err:
-        return fail(err)
+        fail(first_line(err))
     except Exception as err:  # the store answered with an error
-        return fail(f"{args.sweep}: {err}")
+        fail(f"{args.sweep}: {first_line(err)}")
     print_table(client.get_run(parent.info.run_id), jobs, closed)
     return 0
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 
-from marin.config.store import CONF_DIR, register
-from marin.config.validate import load
+from marin.config.paths import CONF_DIR
+from marin.config.store import register
+from marin.launch.checks import load
 
 
 def compose_dict(*overrides: str):

@@ -16,7 +16,7 @@ def overrides_for(root) -> list[str]:
 def tiny_run(tmp_path_factory):
     """(record, resolved config) of the shared run; trains it on first use."""
     if "run" not in _made:
-        from marin.config.validate import load
+        from marin.launch.checks import load
         from marin.track import record
         from marin.train.loop import train
 
@@ -32,7 +32,7 @@ def tiny_run(tmp_path_factory):
 def untrained_run(tmp_path_factory):
     """A run record with no checkpoint (made, never trained), beside the shared run (same store:
     making a new MLflow store's tables takes seconds)."""
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from marin.track import record
 
     overrides = overrides_for(tiny_run(tmp_path_factory)[0].run_dir.parent.parent)

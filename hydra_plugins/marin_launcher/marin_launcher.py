@@ -31,7 +31,13 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from marin.cli import fail, setup_logging
+from marin.config.schema import Config
+from marin.launch import slurm
 from marin.launch.multirun import Job, check_jobs, compose_problem, labels
+from marin.launch.plan import plan
+from marin.track import backend, record, secrets, sweep
+from marin.track.errors import first_line
 
 log = logging.getLogger("marin.launcher")
 
@@ -44,14 +50,7 @@ def _task_config(sweep_config: DictConfig) -> DictConfig:
 
 
 def _schema():
-    from marin.config.schema import Config
-
     return OmegaConf.structured(Config)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class MarinLauncher(Launcher):
@@ -85,8 +84,6 @@ class MarinLauncher(Launcher):
         return jobs
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from marin.launch.cli import setup_logging
-
         setup_globals()
         setup_logging()
         assert self.config is not None and self.hydra_context is not None
@@ -142,8 +139,6 @@ class MarinLauncher(Launcher):
         return ret, 0
 
     def _json_plan(self, job: Job) -> JobReturn:
-        from marin.launch.plan import plan
-
         print(json.dumps({"job": job.idx, "overrides": filter_overrides(job.overrides), **plan(job.resolved)},
                          default=str), flush=True)
         ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED)
@@ -153,9 +148,6 @@ class MarinLauncher(Launcher):
     # ------------------------------------------------------------------ the sweep's parent
     def _begin_sweeps(self, jobs: list[Job]) -> list:
         """Make each sweep's parent run before any job and say where to watch it."""
-        from marin.launch.cli import fail
-        from marin.track import backend, sweep
-
         groups: dict[tuple, list[Job]] = {}
         for job in jobs:
             r = job.resolved
@@ -174,7 +166,7 @@ class MarinLauncher(Launcher):
                 made.append(launch)
                 folder = _relative(launch.folder)
                 print(f"sweep {launch.name}: {len(members)} jobs, MLflow parent run {launch.parent_id} "
-                      f"(experiment {launch.experiment}, {backend.safe_uri(launch.uri)})\n"
+                      f"(experiment {launch.experiment}, {secrets.safe_uri(launch.uri)})\n"
                       f"  directory: {folder}\n"
                       f"  watch it:  python -m marin.status {folder}", file=sys.stderr, flush=True)
         except backend.TrackingUnavailable as err:
@@ -183,8 +175,6 @@ class MarinLauncher(Launcher):
 
     def _end_sweeps(self, sweeps: list, slurm: list[Job], interrupted: bool) -> None:
         """Close the parents of jobs that ran here (Slurm children close theirs when they end)."""
-        from marin.track import sweep
-
         if slurm:
             sweep.release()
             return
@@ -193,14 +183,10 @@ class MarinLauncher(Launcher):
                 status = sweep.end(launch, interrupted)
                 log.info("sweep %s: parent run %s %s", launch.name, launch.parent_id, status)
             except Exception as err:  # the store went away: status= closes it later
-                log.warning("could not close the sweep's parent run %s: %s", launch.parent_id, _first_line(err))
+                log.warning("could not close the sweep's parent run %s: %s", launch.parent_id, first_line(err) or type(err).__name__)
 
     # ------------------------------------------------------------------ Slurm
     def _submit_array(self, jobs: list[Job]) -> list[tuple[int, JobReturn]]:
-        from marin.launch import slurm
-        from marin.launch.cli import fail
-        from marin.track import backend, record
-
         records = []
         try:
             for job in jobs:

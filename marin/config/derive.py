@@ -14,13 +14,9 @@ from __future__ import annotations
 import copy
 import math
 
-from marin.config.schema import AUTO, Config, HardwareConfig
-from marin.model.counts import active_params, layer_is_global  # noqa: F401 (layer_is_global re-exported)
-
-
-def is_auto(value) -> bool:
-    return isinstance(value, str) and value == AUTO
-
+from marin.config.counts import active_params
+from marin.config.fields import is_auto
+from marin.config.schema import Config, HardwareConfig
 
 REMAT_MODES = ("none", "full", "dots")
 
@@ -48,9 +44,19 @@ def devices_per_process(hw: HardwareConfig) -> int:
     return max(1, hw.host_devices)
 
 
+def total_nodes(hw: HardwareConfig) -> int:
+    """Nodes of the job: racks × nodes of one rack (what Slurm is asked for)."""
+    return hw.racks * hw.nodes
+
+
+def process_count(hw: HardwareConfig) -> int:
+    """JAX processes of the job: total nodes × processes per node."""
+    return total_nodes(hw) * hw.tasks_per_node
+
+
 def device_count(hw: HardwareConfig) -> int:
-    """Devices the job sees: nodes × processes per node × devices per process."""
-    return hw.nodes * hw.tasks_per_node * devices_per_process(hw)
+    """Devices the job sees: total nodes × processes per node × devices per process."""
+    return process_count(hw) * devices_per_process(hw)
 
 
 def memory_limit_gib(hw: HardwareConfig) -> float | None:

@@ -1,98 +1,114 @@
 """Typed schemas: one dataclass per config group, plus the root.
 
 Each dataclass is registered in Hydra's ConfigStore (see `marin.config.store`) as the schema of
-its group's YAML files, so an unknown key or a wrong type fails while Hydra composes. Fields that
-may be derived say so with the value ``"auto"``; `marin.config.derive.resolve` is the only place
-that replaces them with numbers.
+its group's YAML files, so an unknown key or a wrong type fails while Hydra composes. Every field
+carries its own rules (`marin.config.fields.setting`): a one-line help, and its allowed values
+(`choices`) or numeric `range`, which `marin.config.validate` checks. Fields that may be derived
+say so with the value ``"auto"``; `marin.config.derive.resolve` is the only place that replaces
+them with numbers.
 
 Importing this module never imports JAX.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-AUTO = "auto"
+from marin.config.fields import AUTO, BETA, FRACTION, NON_NEGATIVE, POSITIVE, count, real, setting
+from marin.config.registry import ATTENTION, ROUTERS, SCHEDULES, TRANSPORTS
+
+__all__ = ["AUTO", "Config", "GROUPS"]
+
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
 class ModelConfig:
     """Transformer shapes and the MoE block (`conf/model/`, code in `marin/model/`)."""
-    name: str = "small"
-    d_model: int = 256                   # hidden width d
-    num_layers: int = 4                  # every layer is an MoE block
-    vocab_size: int = 512                # ≥ the tokenizer's vocabulary
-    num_experts: int = 8                 # routed experts E
-    expert_width: Any = AUTO             # I; auto = d/2 (ladder rule)
-    latent_dim: Any = AUTO               # ℓ; auto = d/2; the routed path runs in this width
-    num_shared_experts: int = 2          # S, full-width SwiGLUs on every token
-    shared_width: Any = AUTO             # I_s; auto = d/2
-    capacity_factor: float = 1.25        # fixed per-expert capacity = cf · T·k/E
-    dispatch: str = "sort"               # sort | ragged_dot | dense (reference paths)
-    ep_transport: str = "fixed"          # training-time expert transport: fixed | pooled | ragged
-    ep_send_capacity_factor: float = 1.25  # pooled: rows per wave from a device to a peer = cf · T·k / peers
-    ep_recv_capacity_factor: float = 1.25  # pooled: rows per wave per expert = cf · T·k / local experts;
-                                         # ragged: receive buffer = cf · ep_waves · T·k rows
-    ep_waves: int = 3                    # pooled: waves before anything drops (unneeded ones are skipped)
-    eval_dropless: bool = True           # evaluation runs without capacity drops
-    eval_dispatch: str = "waves"         # waves (training capacity, repeated; bounded memory) | unbounded (C = T)
-    gated_norm_rank: int = 128           # GatedNorm bottleneck r; 0 turns GatedNorm off
-    conv_kernel: int = 4                 # short causal depthwise convolutions; 0 turns them off
-    norm_eps: float = 1e-5
-    init_std: Any = AUTO                 # auto = 0.5/sqrt(d)
-    z_loss: float = 1e-4                 # coefficient of logsumexp² in the loss
-    remat: Any = False                   # none | full | dots: what a block keeps for the backward pass (true = full, false = none)
-    offload_carry: bool = False          # stage each layer's residual carry in host memory for the backward pass (needs remat)
-    compute_dtype: str = "float32"       # float32 | bfloat16 (master weights stay float32)
-    router_dtype: str = "float32"        # float32 | bfloat16: the router matmul's output dtype (then cast to float32)
+    name: str = setting("small", "the option's name")
+    d_model: int = setting(256, "hidden width d", range=count(1))
+    num_layers: int = setting(4, "every layer is an MoE block", range=count(1))
+    vocab_size: int = setting(512, "≥ the tokenizer's vocabulary", range=count(1))
+    num_experts: int = setting(8, "routed experts E", range=count(1))
+    expert_width: Any = setting(AUTO, "I; auto = d/2 (ladder rule)", range=count(1))
+    latent_dim: Any = setting(AUTO, "ℓ; auto = d/2; the routed path runs in this width", range=count(1))
+    num_shared_experts: int = setting(2, "S, full-width SwiGLUs on every token", range=count(0))
+    shared_width: Any = setting(AUTO, "I_s; auto = d/2", range=count(1))
+    capacity_factor: float = setting(1.25, "fixed per-expert capacity = cf · T·k/E", range=POSITIVE)
+    dispatch: str = setting("sort", "sort | ragged_dot | dense (reference paths)", choices=("sort", "ragged_dot", "dense"))
+    ep_transport: str = setting("fixed", "training-time expert transport", choices=TRANSPORTS.names)
+    ep_send_capacity_factor: float = setting(
+        1.25, "pooled: rows per wave from a device to a peer = cf · T·k / peers", range=POSITIVE)
+    ep_recv_capacity_factor: float = setting(
+        1.25, "pooled: rows per wave per expert = cf · T·k / local experts; ragged: receive buffer = "
+        "cf · ep_waves · T·k rows", range=POSITIVE)
+    ep_waves: int = setting(3, "pooled: waves before anything drops (unneeded ones are skipped)", range=count(1))
+    eval_dropless: bool = setting(True, "evaluation runs without capacity drops")
+    eval_dispatch: str = setting("waves", "waves (training capacity, repeated; bounded memory) | unbounded (C = T)",
+                                 choices=("waves", "unbounded"))
+    gated_norm_rank: int = setting(128, "GatedNorm bottleneck r; 0 turns GatedNorm off", range=count(0))
+    conv_kernel: int = setting(4, "short causal depthwise convolutions; 0 turns them off", range=count(0))
+    norm_eps: float = setting(1e-5, "RMSNorm epsilon", range=POSITIVE)
+    init_std: Any = setting(AUTO, "auto = 0.5/sqrt(d)", range=POSITIVE)
+    z_loss: float = setting(1e-4, "coefficient of logsumexp² in the loss", range=NON_NEGATIVE)
+    remat: Any = setting(False, "none | full | dots: what a block keeps for the backward pass (true = full, false = none)")
+    offload_carry: bool = setting(False, "stage each layer's residual carry in host memory for the backward pass (needs remat)")
+    compute_dtype: str = setting("float32", "matmul dtype (master weights stay float32)", choices=DTYPES)
+    router_dtype: str = setting("float32", "the router matmul's output dtype (then cast to float32)", choices=DTYPES)
 
 
 @dataclass
 class AttentionConfig:
     """Grouped-query attention with local (sliding-window) and global layers (`conf/attention/`)."""
-    name: str = "mochi"
-    head_dim: int = 64
-    num_heads: Any = AUTO                # auto = d / head_dim
-    kv_heads_local: Any = AUTO           # auto = max(1, heads // 4); the projection stores these
-    kv_heads_global: Any = AUTO          # auto = max(1, heads // 8); global layers use the first ones
-    window: int = 128                    # sliding window of local layers, in tokens
-    global_every: int = 4                # layer i is global when (i+1) % global_every == 0
-    last_layer_global: bool = True
-    rope_fraction: float = 0.5           # fraction of each head's dims rotated (local layers)
-    rope_theta: float = 10000.0
-    rope_on_global: bool = False         # False = NoPE on global layers
-    qk_norm: bool = True                 # per-head RMS norm of q and k (no gain)
-    qk_norm_eps: Any = AUTO              # eps of that norm; auto = model.norm_eps
-    qk_mult: Any = 1.3                   # multiplies the normed queries; auto = qk_mult_base rescaled per extension
-    qk_mult_base: float = 1.3            # qk_mult of the pretraining stage: where auto starts
-    xsa: bool = True                     # exclusive self-attention
-    output_gate: bool = True             # per-head gate 2·sigmoid(x·W_gate)
-    conv_k: bool = True                  # causal conv after the K projection (model.conv_kernel taps)
-    impl: str = "auto"                   # auto | blockwise | cudnn | reference; auto = cudnn on gpu in bf16, blockwise elsewhere
+    name: str = setting("mochi", "the option's name")
+    head_dim: int = setting(64, "per-head width h", range=count(1))
+    num_heads: Any = setting(AUTO, "auto = d / head_dim", range=count(1))
+    kv_heads_local: Any = setting(AUTO, "auto = max(1, heads // 4); the projection stores these", range=count(1))
+    kv_heads_global: Any = setting(AUTO, "auto = max(1, heads // 8); global layers use the first ones", range=count(1))
+    window: int = setting(128, "sliding window of local layers, in tokens", range=count(1))
+    global_every: int = setting(4, "layer i is global when (i+1) % global_every == 0; 0: no periodic global layers",
+                                range=count(0))
+    last_layer_global: bool = setting(True, "the last layer is global")
+    rope_fraction: float = setting(0.5, "fraction of each head's dims rotated (local layers)", range=FRACTION)
+    rope_theta: float = setting(10000.0, "RoPE base", range=POSITIVE)
+    rope_on_global: bool = setting(False, "False = NoPE on global layers")
+    qk_norm: bool = setting(True, "per-head RMS norm of q and k (no gain)")
+    qk_norm_eps: Any = setting(AUTO, "eps of that norm; auto = model.norm_eps", range=POSITIVE)
+    qk_mult: Any = setting(1.3, "multiplies the normed queries; auto = qk_mult_base rescaled per extension",
+                           range=POSITIVE)
+    qk_mult_base: float = setting(1.3, "qk_mult of the pretraining stage: where auto starts", range=POSITIVE)
+    xsa: bool = setting(True, "exclusive self-attention")
+    output_gate: bool = setting(True, "per-head gate 2·sigmoid(x·W_gate)")
+    conv_k: bool = setting(True, "causal conv after the K projection (model.conv_kernel taps)")
+    impl: str = setting("auto", "the kernel; auto = cudnn on gpu in bf16, blockwise elsewhere",
+                        choices=lambda: ("auto", *ATTENTION.names()))
 
 
 @dataclass
 class RouterConfig:
     """Token → expert routing (`conf/router/`, code in `marin/model/routers.py`)."""
-    name: str = "qb"
-    kind: str = "qb"                     # qb | softmax_aux | bias_update
-    top_k: int = 2
-    combine: str = "sigmoid"             # sigmoid | softmax: how chosen experts' weights are formed
-    combine_sum: float = 2.5             # sigmoid weights are rescaled to sum to this per token
-    qb_bins: int = 10000                 # histogram bins of the QB quantile estimator
-    aux_loss_weight: float = 0.0         # softmax_aux: weight of the load-balancing loss
-    bias_update_rate: float = 0.0        # bias_update: step size of the per-expert bias
+    name: str = setting("qb", "the option's name")
+    kind: str = setting("qb", "the routing rule (a class registered in marin/model/routers.py)", choices=ROUTERS.names)
+    top_k: int = setting(2, "experts per token k", range=count(1))
+    combine: str = setting("sigmoid", "how chosen experts' weights are formed", choices=("sigmoid", "softmax"))
+    combine_sum: float = setting(2.5, "sigmoid weights are rescaled to sum to this per token", range=POSITIVE)
+    qb_bins: int = setting(10000, "histogram bins of the QB quantile estimator", range=count(2))
+    aux_loss_weight: float = setting(0.0, "softmax_aux: weight of the load-balancing loss", range=NON_NEGATIVE)
+    bias_update_rate: float = setting(0.0, "bias_update: step size of the per-expert bias", range=NON_NEGATIVE)
+
+
+SOURCE_KINDS = ("builtin", "text", "jsonl", "parquet")
 
 
 @dataclass
 class SourceConfig:
-    """One source (or mixture cell) of the data mixture."""
+    """One source (or mixture cell) of the data mixture (checked by `marin.data.mixture`)."""
     name: str = "???"
     kind: str = "text"                   # builtin | text | jsonl | parquet
-    paths: List[str] = field(default_factory=list)   # files or globs (relative to data.root); builtin: pydoc_data | stdlib
-    weights: List[float] = field(default_factory=list)  # one weight per phase
-    tokens: Optional[int] = None         # available tokens, for epoch accounting
-    text_field: str = "text"             # jsonl / parquet column
+    paths: List[str] = setting(help="files or globs (relative to data.root); builtin: pydoc_data | stdlib", factory=list)
+    weights: List[float] = setting(help="one weight per phase", factory=list)
+    tokens: Optional[int] = setting(None, "available tokens, for epoch accounting")
+    text_field: str = setting("text", "jsonl / parquet column")
 
 
 @dataclass
@@ -100,66 +116,70 @@ class EvalSetConfig:
     """A held-out evaluation set (zero weight in training)."""
     name: str = "???"
     kind: str = "text"                   # builtin | text | jsonl | parquet
-    paths: List[str] = field(default_factory=list)   # as in a source; builtin: pydoc_data/heldout | stdlib/heldout
+    paths: List[str] = setting(help="as in a source; builtin: pydoc_data/heldout | stdlib/heldout", factory=list)
     text_field: str = "text"
 
 
 @dataclass
 class DataConfig:
-    """The mixture (`conf/data/`, code in `marin/data/`)."""
-    name: str = "builtin"
-    root: str = "."                      # site-specific: where relative paths resolve
-    tokenizer: str = "byte"              # byte | path to a tokenizer.json (relative: project root)
-    sources: List[SourceConfig] = field(default_factory=list)
-    cells_file: Optional[str] = None     # CSV of cells: name, tokens, weight_<phase> (relative: project root)
-    cells_paths: str = "cells/{name}/*.parquet"  # each cell's files under data.root ({name}, {topic}, {quality})
-    cells_kind: str = "parquet"          # text | jsonl | parquet: the cells' file format
-    cells_expected: Optional[int] = None  # the cells file must list exactly this many cells
-    phase_names: List[str] = field(default_factory=lambda: ["pretrain"])
-    phase_boundaries: List[float] = field(default_factory=list)  # fractions of the run in (0, 1)
-    max_epochs: float = 8.0              # no source may repeat more than this
-    sampling: str = "epoch"              # epoch (each source read in seeded epochs) | random (with replacement)
-    eval_sets: List[EvalSetConfig] = field(default_factory=list)
-    cache_dir: Optional[str] = None      # token cache; default <run.out_dir>/cache/tokens
+    """The mixture (`conf/data/`, code in `marin/data/`); list leaves are checked by marin.data.mixture."""
+    name: str = setting("builtin", "the option's name")
+    root: str = setting(".", "site-specific: where relative paths resolve")
+    tokenizer: str = setting("byte", "byte | path to a tokenizer.json (relative: project root)")
+    sources: List[SourceConfig] = setting(factory=list)
+    cells_file: Optional[str] = setting(None, "CSV of cells: name, tokens, weight_<phase> (relative: project root)")
+    cells_paths: str = setting("cells/{name}/*.parquet", "each cell's files under data.root ({name}, {topic}, {quality})")
+    cells_kind: str = setting("parquet", "text | jsonl | parquet: the cells' file format")
+    cells_expected: Optional[int] = setting(None, "the cells file must list exactly this many cells", range=count(1))
+    phase_names: List[str] = setting(factory=lambda: ["pretrain"])
+    phase_boundaries: List[float] = setting(help="fractions of the run in (0, 1)", factory=list)
+    max_epochs: float = setting(8.0, "no source may repeat more than this", range=POSITIVE)
+    sampling: str = setting("epoch", "epoch (each source read in seeded epochs) | random (with replacement)",
+                            choices=("epoch", "random"))
+    eval_sets: List[EvalSetConfig] = setting(factory=list)
+    cache_dir: Optional[str] = setting(None, "token cache; default <run.out_dir>/cache/tokens")
 
 
 @dataclass
 class MeshConfig:
     """Device mesh; the product of the axes is the device count."""
-    replica_dcn: int = 1
-    data: Any = AUTO                     # auto = devices / (replica_dcn · expert · model)
-    expert: int = 1
-    model: int = 1
-    fsdp: bool = False                   # shard non-expert weights, grads and optimizer state over data × expert
+    replica_dcn: int = setting(1, "replicas across the data-centre network", range=count(1))
+    data: Any = setting(AUTO, "auto = devices / (replica_dcn · expert · model)", range=count(1))
+    expert: int = setting(1, "expert-parallel size", range=count(1))
+    model: int = setting(1, "tensor-parallel size", range=count(1))
+    fsdp: bool = setting(False, "shard non-expert weights, grads and optimizer state over data × expert")
 
 
 @dataclass
 class HardwareConfig:
     """Where a run goes (`conf/hardware/`, code in `marin/launch/`)."""
-    name: str = "local_cpu"
-    launcher: str = "local"              # local | slurm
-    platform: str = "cpu"                # cpu | gpu
-    nodes: int = 1
-    tasks_per_node: int = 1              # JAX processes per node (one per GPU on GPU nodes)
-    gpus_per_node: int = 0
-    host_devices: int = 1                # forced XLA host devices per process (CPU only)
-    cpus_per_task: int = 1
-    mem_gb: Optional[int] = None         # None = no memory request
+    name: str = setting("local_cpu", "the option's name")
+    launcher: str = setting("local", "local | slurm", choices=("local", "slurm"))
+    platform: str = setting("cpu", "cpu | gpu", choices=("cpu", "gpu"))
+    racks: int = setting(1, "number of identical racks/replicas of this hardware unit, data parallel across "
+                         "racks (mesh.replica_dcn); total nodes = racks × nodes", range=count(1))
+    nodes: int = setting(1, "nodes of one rack/unit (the job has racks × nodes)", range=count(1))
+    tasks_per_node: int = setting(1, "JAX processes per node (one per GPU on GPU nodes)", range=count(1))
+    gpus_per_node: int = setting(0, "GPUs per node", range=count(0))
+    host_devices: int = setting(1, "forced XLA host devices per process (CPU only)", range=count(1))
+    cpus_per_task: int = setting(1, "CPUs per process", range=count(1))
+    mem_gb: Optional[int] = setting(None, "None = no memory request", range=count(1))
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
-    time_min: int = 60
-    max_requeues: int = 3                # Slurm requeues after preemption / time limit, then stop
-    signal_delay_s: int = 120            # Slurm sends USR2 this long before the time limit (checkpoint time)
-    init_timeout_s: int = 300            # jax.distributed.initialize waits this long for every process
-    env: Dict[str, str] = field(default_factory=dict)   # exported to every process of the job
-    xla_flags: str = ""                  # XLA_FLAGS of every process (forced host devices are added)
-    setup: List[str] = field(default_factory=list)      # shell lines run before the job (module load, ...)
-    peak_flops_per_device: float = 0.0   # for MFU; 0 = measure nothing, report no MFU
-    memory_per_device_gib: Optional[float] = None  # accelerator memory per device; None = unknown
-    memory_usable_fraction: float = 0.9  # of that memory, what a run may plan to use (allocator, NCCL buffers)
-    mesh: MeshConfig = field(default_factory=MeshConfig)
+    time_min: int = setting(60, "Slurm time limit, minutes", range=count(1))
+    max_requeues: int = setting(3, "Slurm requeues after preemption / time limit, then stop", range=count(0))
+    signal_delay_s: int = setting(120, "Slurm sends USR2 this long before the time limit (checkpoint time)", range=count(0))
+    init_timeout_s: int = setting(300, "jax.distributed.initialize waits this long for every process", range=count(1))
+    env: Dict[str, str] = setting(help="exported to every process of the job", factory=dict)
+    xla_flags: str = setting("", "XLA_FLAGS of every process (forced host devices are added)")
+    setup: List[str] = setting(help="shell lines run before the job (module load, ...)", factory=list)
+    peak_flops_per_device: float = setting(0.0, "for MFU; 0 = measure nothing, report no MFU", range=NON_NEGATIVE)
+    memory_per_device_gib: Optional[float] = setting(None, "accelerator memory per device; None = unknown", range=POSITIVE)
+    memory_usable_fraction: float = setting(0.9, "of that memory, what a run may plan to use (allocator, NCCL buffers)",
+                                            range=real(0.0, 1.0, lo_open=True))
+    mesh: MeshConfig = setting(factory=MeshConfig)
 
 
 @dataclass
@@ -168,6 +188,7 @@ class DecayRule:
 
     The coefficient is `value` at step `start`, falls linearly to 0 at step `end` and is 0
     outside [start, end). Like AdamW's, it is multiplied by the group's learning rate.
+    List items: checked by `marin.optim.decay.check`.
     """
     pattern: str = "???"                 # a group (muonh | adamh | adam | adamw) or a path suffix on whole components: "attn/gate", "a|b/c"
     value: float = 0.0                   # coefficient at `start`, ≥ 0
@@ -178,121 +199,132 @@ class DecayRule:
 @dataclass
 class OptimConfig:
     """Optimizer (`conf/optim/`, code in `marin/optim/`)."""
-    name: str = "adamw"                  # adamw | muonh
-    lr: Any = 3e-3                       # peak Adam lr: a number or auto (the spec's rule)
-    muonh_lr_ratio: float = 13 / 3       # muonh_lr = ratio · adam lr (muonh and adamh groups)
-    adam_lr_cap: float = 0.05            # cap of the auto rule
-    b1: float = 0.9
-    b2: Any = 0.95                       # a number or auto
-    eps: Any = 1e-8                      # a number or auto
-    weight_decay: float = 0.0            # adamw only
-    decay: List[DecayRule] = field(default_factory=list)  # scheduled decay rules, every optimizer; one rule per parameter
-    momentum: float = 0.95               # MuonH Nesterov momentum
-    ns_steps: int = 5                    # Newton–Schulz iterations
-    ns_dtype: str = "float32"            # float32 | bfloat16: dtype of the Newton–Schulz iteration
-    ns_eps: float = 1e-7                 # Newton–Schulz normalisation: x / (‖x‖_F + ns_eps)
-    grad_clip: Optional[float] = None    # global-norm clip; None = off
-    offload: bool = False                # optimizer state (and fp32 masters) in pinned host memory
+    name: str = setting("adamw", "the optimizer", choices=("adamw", "muonh"))
+    lr: Any = setting(3e-3, "peak Adam lr: a number or auto (the spec's rule)", range=POSITIVE)
+    muonh_lr_ratio: float = setting(13 / 3, "muonh_lr = ratio · adam lr (muonh and adamh groups)", range=POSITIVE)
+    adam_lr_cap: float = setting(0.05, "cap of the auto rule", range=POSITIVE)
+    b1: float = setting(0.9, "Adam β1", range=BETA)
+    b2: Any = setting(0.95, "Adam β2: a number or auto", range=BETA)
+    eps: Any = setting(1e-8, "Adam ε: a number or auto", range=POSITIVE)
+    weight_decay: float = setting(0.0, "adamw only", range=NON_NEGATIVE)
+    decay: List[DecayRule] = setting(help="scheduled decay rules, every optimizer; one rule per parameter", factory=list)
+    momentum: float = setting(0.95, "MuonH Nesterov momentum", range=BETA)
+    ns_steps: int = setting(5, "Newton–Schulz iterations", range=count(1))
+    ns_dtype: str = setting("float32", "dtype of the Newton–Schulz iteration", choices=DTYPES)
+    ns_eps: float = setting(1e-7, "Newton–Schulz normalisation: x / (‖x‖_F + ns_eps)", range=POSITIVE)
+    grad_clip: Optional[float] = setting(None, "global-norm clip; None = off", range=POSITIVE)
+    offload: bool = setting(False, "optimizer state (and fp32 masters) in pinned host memory")
 
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule (`conf/schedule/`), driven by train.steps."""
-    name: str = "warmup_linear"
-    warmup_frac: float = 0.01
-    final_ratio: float = 0.05            # lr at the last step, as a fraction of peak
-    horizon_steps: Optional[int] = None  # failure plan: a shortened horizon (≤ train.steps)
-    horizon_from_step: Optional[int] = None  # resumed run: step the new horizon took effect (lr continuous there)
+    """Learning-rate schedule (`conf/schedule/`, code registered in `marin/optim/schedule.py`), driven by train.steps."""
+    name: str = setting("warmup_linear", "the schedule", choices=SCHEDULES.names)
+    warmup_frac: float = setting(0.01, "fraction of steps warming up", range=FRACTION)
+    final_ratio: float = setting(0.05, "lr at the last step, as a fraction of peak", range=FRACTION)
+    horizon_steps: Optional[int] = setting(None, "failure plan: a shortened horizon (≤ train.steps)", range=count(1))
+    horizon_from_step: Optional[int] = setting(
+        None, "resumed run: step the new horizon took effect (lr continuous there)", range=count(0))
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0                 # 0 = only at the end and on preemption
-    keep_last: int = 2
-    permanent_every: int = 0             # 0 = none
-    async_save: bool = True
-    every_minutes: float = 60.0          # a rolling checkpoint this often (0 = off); permanent ones by every_steps
+    every_steps: int = setting(0, "0 = only at the end and on preemption", range=count(0))
+    keep_last: int = setting(2, "rolling checkpoints kept", range=count(0))
+    permanent_every: int = setting(0, "0 = none", range=count(0))
+    async_save: bool = setting(True, "save in the background")
+    every_minutes: float = setting(60.0, "a rolling checkpoint this often (0 = off); permanent ones by every_steps",
+                                   range=NON_NEGATIVE)
 
 
 @dataclass
 class TrainConfig:
     """The loop (`marin/train/`)."""
-    steps: Any = AUTO                    # auto = from the token budget, or a number
-    stop_after: Optional[int] = None     # stop early; the schedule is unchanged
-    tokens_per_active_param: float = 791.0  # token budget rule for steps=auto
-    seq_len: int = 128
-    global_batch: int = 16               # sequences per step, all processes together
-    micro_batch: Any = AUTO              # sequences per device per forward; auto = global/devices
-    seed: int = 0
-    eval_every: Any = 50                 # steps between held-out evaluations (0 = only at the end); auto = every 5% of steps
-    eval_batches: int = 2
-    log_every: int = 1                   # steps between logged metric rows (the loss is checked every step)
-    init_from: Optional[str] = None      # start from another run's checkpoint (context extension)
-    init_seq_len: Optional[int] = None   # sequence length of that run (qk_mult is rescaled)
-    earlier_seq_lens: List[int] = field(default_factory=list)  # lengths of the stages before that run, oldest first
-    stage_start: Optional[float] = None  # context-extension stage: where it starts, as a fraction of the run's steps (init_from's checkpoint)
-    stage_end: float = 1.0               # where it ends (the next stage starts there); sets stop_after when < 1
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    steps: Any = setting(AUTO, "auto = from the token budget, or a number", range=count(1))
+    stop_after: Optional[int] = setting(None, "stop early; the schedule is unchanged", range=count(1))
+    tokens_per_active_param: float = setting(791.0, "token budget rule for steps=auto", range=POSITIVE)
+    seq_len: int = setting(128, "tokens per sequence", range=count(1))
+    global_batch: int = setting(16, "sequences per step, all processes together", range=count(1))
+    micro_batch: Any = setting(AUTO, "sequences per device per forward; auto = global/devices", range=count(1))
+    seed: int = setting(0, "seeds the init and the data order", range=count(0))
+    eval_every: Any = setting(50, "steps between held-out evaluations (0 = only at the end); auto = every 5% of steps",
+                              range=count(0))
+    eval_batches: int = setting(2, "batches per evaluation set", range=count(1))
+    log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
+    init_from: Optional[str] = setting(None, "start from another run's checkpoint (context extension)")
+    init_seq_len: Optional[int] = setting(None, "sequence length of that run (qk_mult is rescaled)", range=count(1))
+    earlier_seq_lens: List[int] = setting(help="lengths of the stages before that run, oldest first", factory=list)
+    stage_start: Optional[float] = setting(
+        None, "context-extension stage: where it starts, as a fraction of the run's steps (init_from's checkpoint)",
+        range=real(0.0, 1.0, hi_open=True))
+    stage_end: float = setting(1.0, "where it ends (the next stage starts there); sets stop_after when < 1",
+                               range=real(0.0, 1.0, lo_open=True))
+    checkpoint: CheckpointConfig = setting(factory=CheckpointConfig)
 
 
 @dataclass
 class TrackingConfig:
-    uri: Optional[str] = None            # else $MLFLOW_TRACKING_URI, else sqlite under run.out_dir
-    experiment: Optional[str] = None     # MLflow experiment; default: the experiment name or "default"
+    uri: Optional[str] = setting(None, "else $MLFLOW_TRACKING_URI, else sqlite under run.out_dir")
+    experiment: Optional[str] = setting(None, "MLflow experiment; default: the experiment name or \"default\"")
 
 
 @dataclass
 class RunConfig:
-    name: str = "default"                # names the run directory (experiments set it)
-    experiment: Optional[str] = None     # set by conf/experiment/*.yaml; names the MLflow experiment
-    sweep: Optional[str] = None          # set by sweeps/*.yaml; names the MLflow parent run
-    sweep_id: Optional[str] = None       # groups a sweep's jobs under one parent; default: one per launch
-    out_dir: str = "outputs"             # relative paths resolve against the project root
+    name: str = setting("default", "names the run directory (experiments set it)")
+    experiment: Optional[str] = setting(None, "set by conf/experiment/*.yaml; names the MLflow experiment")
+    sweep: Optional[str] = setting(None, "set by sweeps/*.yaml; names the MLflow parent run")
+    sweep_id: Optional[str] = setting(None, "groups a sweep's jobs under one parent; default: one per launch")
+    out_dir: str = setting("outputs", "relative paths resolve against the project root")
 
 
 @dataclass
 class EvalConfig:
     """Held-out evaluation (every train.eval_every steps; always dropless)."""
-    with_drops: bool = False             # also log eval/<set>/loss_dropped, at the training capacity and transport
+    with_drops: bool = setting(False, "also log eval/<set>/loss_dropped, at the training capacity and transport")
 
 
 @dataclass
 class PlanConfig:
     """What the dry run and the Slurm submission check before a run starts."""
-    allow_over_memory: bool = False      # submit even when the memory estimate exceeds the device's
+    allow_over_memory: bool = setting(False, "submit even when the memory estimate exceeds the device's")
 
 
 @dataclass
 class ForecastConfig:
     """A pre-registered loss forecast this run is checked against (`marin/track/forecast_check.py`)."""
-    registered: Optional[str] = None     # conf/forecasts/<experiment>.yaml from `marin.forecast --register`
+    registered: Optional[str] = setting(None, "conf/forecasts/<experiment>.yaml from `marin.forecast --register`")
+
+
+SCHEMA_VERSION = 1
 
 
 @dataclass
 class Config:
     """The root: group choices plus top-level settings (`conf/config.yaml`)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    router: RouterConfig = field(default_factory=RouterConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
-    forecast: ForecastConfig = field(default_factory=ForecastConfig)
-    dry_run: Any = False                 # false | true | json | compile | config
-    reproduce: Optional[str] = None      # run directory or MLflow run id
-    reproduce_trust: bool = False        # apply a saved config's hardware.env/xla_flags/setup even where they differ from the shipped option
-    verify: bool = False                 # with reproduce=: replay the run and compare every logged metric with its record
-    verify_steps: Optional[str] = None   # a:b: replay only steps a…b, from the original's newest checkpoint ≤ a
-    verify_rtol: float = 0.0             # relative tolerance of the comparison (0 = bit for bit)
-    resume: Optional[str] = None         # run directory or MLflow run id
-    wait: bool = False                   # Slurm: follow the job and exit with its result
-    schema_version: int = 1
+    model: ModelConfig = setting(factory=ModelConfig)
+    attention: AttentionConfig = setting(factory=AttentionConfig)
+    router: RouterConfig = setting(factory=RouterConfig)
+    data: DataConfig = setting(factory=DataConfig)
+    hardware: HardwareConfig = setting(factory=HardwareConfig)
+    optim: OptimConfig = setting(factory=OptimConfig)
+    schedule: ScheduleConfig = setting(factory=ScheduleConfig)
+    train: TrainConfig = setting(factory=TrainConfig)
+    tracking: TrackingConfig = setting(factory=TrackingConfig)
+    run: RunConfig = setting(factory=RunConfig)
+    eval: EvalConfig = setting(factory=EvalConfig)
+    plan: PlanConfig = setting(factory=PlanConfig)
+    forecast: ForecastConfig = setting(factory=ForecastConfig)
+    dry_run: Any = setting(False, "false | true | json | compile | config")
+    reproduce: Optional[str] = setting(None, "run directory or MLflow run id")
+    reproduce_trust: bool = setting(False, "apply a saved config's hardware.env/xla_flags/setup even where they "
+                                    "differ from the shipped option")
+    verify: bool = setting(False, "with reproduce=: replay the run and compare every logged metric with its record")
+    verify_steps: Optional[str] = setting(None, "a:b: replay only steps a…b, from the original's newest checkpoint ≤ a")
+    verify_rtol: float = setting(0.0, "relative tolerance of the comparison (0 = bit for bit)", range=NON_NEGATIVE)
+    resume: Optional[str] = setting(None, "run directory or MLflow run id")
+    wait: bool = setting(False, "Slurm: follow the job and exit with its result")
+    schema_version: int = setting(SCHEMA_VERSION, "bumped when a field is renamed",
+                                  range=count(SCHEMA_VERSION, SCHEMA_VERSION))
 
 
 GROUPS = {

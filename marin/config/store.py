@@ -18,19 +18,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
-SWEEPS_DIR = PROJECT_ROOT / "sweeps"
-
 _registered = False
-
-
-def project_path(path: str | Path) -> Path:
-    """A configured path, absolute: relative ones resolve against the project root, not the cwd."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else PROJECT_ROOT / p
 
 
 def private_tmp() -> str:

@@ -1,34 +1,23 @@
-"""Cross-field checks, run right after Hydra composes and before anything is imported or written.
+"""Validation, run right after Hydra composes and before anything is imported or written.
 
-`load(cfg)` turns the composed DictConfig into the typed `Config`, checks the leaves that Hydra's
-types cannot (``auto`` or a number, choices, ranges), resolves derived values, then checks the
-relations between fields. Every problem is reported as ``<field>: <what is allowed>``; the caller
-prints them and exits non-zero. Pure Python: no JAX.
+`load(cfg)` turns the composed DictConfig into the typed `Config`, checks every leaf against the
+rules its field carries (`marin.config.fields`: choices, ranges, ``auto``), resolves derived
+values, checks the relations between fields, then runs the `checks` it is given, which need more than the
+config (data files, the parameter table, a registered forecast, a checkpoint: marin.launch.checks). Every problem is
+reported as ``<field>: <what is allowed>``; the caller prints them and exits non-zero.
+Pure Python: no JAX.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable, Iterable
+
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from marin.config import derive, ranges
+from marin.config import derive, fields
 from marin.config.schema import Config
 
-CHOICES = {
-    "model.dispatch": ("sort", "ragged_dot", "dense"),
-    "model.eval_dispatch": ("waves", "unbounded"),
-    "model.ep_transport": ("fixed", "pooled", "ragged"),
-    "model.compute_dtype": ("float32", "bfloat16"),
-    "model.router_dtype": ("float32", "bfloat16"),
-    "attention.impl": ("auto", "blockwise", "cudnn", "reference"),
-    "router.kind": ("qb", "softmax_aux", "bias_update"),
-    "router.combine": ("sigmoid", "softmax"),
-    "data.sampling": ("epoch", "random"),
-    "hardware.launcher": ("local", "slurm"),
-    "hardware.platform": ("cpu", "gpu"),
-    "optim.name": ("adamw", "muonh"),
-    "optim.ns_dtype": ("float32", "bfloat16"),
-    "schedule.name": ("warmup_linear",),
-}
-
+Check = Callable[[Config], "list[tuple[str, str]]"]
 
 class ConfigError(ValueError):
     """One or more invalid fields; `str()` lists them one per line as ``field: message``."""
@@ -36,13 +25,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("\n".join(f"{name}: {msg}" for name, msg in problems))
-
-
-def _get(cfg: Config, dotted: str):
-    value = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _empty_refs(cfg: Config) -> list[tuple[str, str]]:
@@ -56,8 +38,6 @@ def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str]]:
     """Keys the schema does not have. Hydra's ``+key=value`` adds a key even to a typed node
     (it lifts struct mode for the addition), and `OmegaConf.to_object` then sets it as a plain
     attribute on the dataclass: the run would silently carry, or drop, a misspelt setting."""
-    import dataclasses
-
     problems = []
     kind = OmegaConf.get_type(cfg)
     fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
@@ -91,11 +71,7 @@ def check_run_name(name) -> list[tuple[str, str]]:
 def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     """Checks on single leaves that the schema's types cannot express."""
     problems = check_run_name(cfg.run.name)
-    for name, allowed in CHOICES.items():
-        value = _get(cfg, name)
-        if value not in allowed:
-            problems.append((name, f"must be one of {', '.join(allowed)}; got {value!r}"))
-    problems += ranges.check(cfg)  # every numeric leaf: finite, int32, its range (marin/config/ranges.py)
+    problems += fields.problems(cfg)  # every leaf against its field's choices or range (finite, int32)
     problems += _empty_refs(cfg)
     if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, "compile"):
         problems.append(("model.ep_transport", "ragged needs a GPU (XLA:CPU cannot compile or run "
@@ -120,10 +96,6 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
 
 def check_relations(cfg: Config) -> list[tuple[str, str]]:
     """Checks between fields of a resolved config."""
-    from marin.data.mixture import check as check_data  # pure Python, no JAX
-    from marin.optim.decay import check as check_decay  # pure Python, no JAX
-    from marin.track.forecast_check import check_config as check_forecast
-
     m, a, r, hw, t = cfg.model, cfg.attention, cfg.router, cfg.hardware, cfg.train
     problems = []
     if a.num_heads * a.head_dim != m.d_model:
@@ -152,7 +124,6 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
         problems.append(("model.gated_norm_rank", f"must be ≥ 0 (0 = off); got {m.gated_norm_rank}"))
     if cfg.optim.lr <= 0:
         problems.append(("optim.lr", f"must be > 0; got {cfg.optim.lr}"))
-    problems += check_decay(cfg)
 
     devices = derive.device_count(hw)
     mesh = hw.mesh
@@ -180,23 +151,17 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if t.stage_start is not None and not t.init_seq_len:
         problems.append(("train.stage_start", "only a context-extension stage (train.init_seq_len set) starts mid-run; "
                          f"got {t.stage_start} without train.init_seq_len"))
-    if t.init_from:  # <run>[@<step>]: the step's form, and (unless a dry run) a checkpoint at or below it
-        from marin.train.init_from import problems as init_from_problems  # pure Python
-
-        problems += init_from_problems(cfg)
     problems += _int32_problems(cfg)
     start = cfg.schedule.horizon_from_step
     if start is not None and not 0 <= start < (h or t.steps):
         problems.append(("schedule.horizon_from_step", f"must be in [0, schedule.horizon_steps={h}); got {start}"))
-    problems += check_data(cfg)
-    problems += check_forecast(cfg)  # reads forecast.registered (YAML), no JAX
     return problems
 
 
 def _int32_problems(cfg: Config) -> list[tuple[str, str]]:
     """Sizes whose products the device indexes with int32 (marin/model/dispatch.py, routers.py)."""
     m, r, t = cfg.model, cfg.router, cfg.train
-    limit = ranges.INT32_MAX
+    limit = fields.INT32_MAX
     problems = []
     assignments = t.seq_len * t.global_batch * r.top_k   # token→expert assignments per step, summed over devices
     if assignments > limit:
@@ -217,8 +182,12 @@ def to_config(cfg: DictConfig) -> Config:
     return OmegaConf.to_object(cfg)
 
 
-def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
-    """Validate a composed config; return (composed, resolved) or raise ConfigError."""
+def load(cfg: DictConfig | Config, checks: Iterable[Check] = ()) -> tuple[Config, Config]:
+    """Validate a composed config; return (composed, resolved) or raise ConfigError.
+
+    `checks`: functions of the resolved config returning ``(field, message)`` problems, run after
+    the config's own rules. They live in the layers above (data files, checkpoints, forecasts):
+    marin.launch.checks.load passes them all."""
     if isinstance(cfg, DictConfig) and (problems := unknown_keys(cfg)):
         raise ConfigError(problems)
     composed = to_config(cfg) if isinstance(cfg, DictConfig) else cfg
@@ -226,7 +195,9 @@ def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
     if problems:
         raise ConfigError(problems)
     resolved = derive.resolve(composed)
-    problems = ranges.check(resolved) or check_relations(resolved)  # derived values must fit too
+    problems = fields.problems(resolved)  # derived values must fit too
+    if not problems:
+        problems = check_relations(resolved) + [p for check in checks for p in check(resolved)]
     if problems:
         raise ConfigError(problems)
     return composed, resolved

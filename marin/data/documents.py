@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from marin.data import builtin
+
 
 class UnreadableSource(ValueError):
     """A file of a source (or the whole source) cannot be used."""
@@ -88,8 +90,6 @@ def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
               builtin_locations=()) -> Iterator[str]:
     """Every readable document of a source, in a fixed order; `counts` is updated as they go."""
     if kind == "builtin":
-        from marin.data import builtin
-
         docs = (d for loc in builtin_locations for d in builtin.documents(loc))
     elif kind == "text":
         docs = _text(files, counts)

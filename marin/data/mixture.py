@@ -19,6 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from marin.config.paths import project_path
+from marin.data import builtin
+from marin.data.tokenizers import BYTE, check_vocab, load_tokenizer, tokenizer_path
+
 KINDS = ("builtin", "text", "jsonl", "parquet")
 DEFAULT_ROOT = "."  # data.root when no site is set (schema.DataConfig.root)
 WEIGHT_TOLERANCE = 1e-6
@@ -43,7 +47,6 @@ def data_root(cfg) -> Path:
 
 
 def config_path(path: str) -> Path:
-    from marin.config.store import project_path
 
     return project_path(path)
 
@@ -124,10 +127,6 @@ def boundary_steps(cfg) -> list[int]:
     """First step of each phase after the first: fraction × planned steps, rounded."""
     steps = run_steps(cfg)
     return [math.floor(f * steps + 0.5) for f in cfg.data.phase_boundaries]
-
-
-def phase_of_step(cfg, step: int) -> int:
-    return sum(step >= b for b in boundary_steps(cfg))
 
 
 def phase_tokens(cfg) -> list[int]:
@@ -221,7 +220,6 @@ def _head_problem(path: Path, kind: str) -> str | None:
 def location_problems(field: str, kind: str, paths, root: Path) -> list[tuple[str, str]]:
     """Missing, empty or unreadable files of one source or eval set."""
     if kind == "builtin":
-        from marin.data import builtin
 
         problems = []
         for loc in paths:
@@ -359,7 +357,6 @@ def _folder_here(pattern: str, root: Path) -> bool:
 
 
 def _tokenizer_problems(cfg) -> list[tuple[str, str]]:
-    from marin.data.tokenizers import BYTE, check_vocab, load_tokenizer, tokenizer_path
 
     if cfg.dry_run and cfg.data.tokenizer != BYTE and not tokenizer_path(cfg.data.tokenizer).is_file():
         return []  # a site's tokenizer.json, not on this machine: a plan is printed without it

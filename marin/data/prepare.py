@@ -27,9 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from marin.config.paths import CONF_DIR
+from marin.config.store import register
+from marin.config.validate import ConfigError, load
 from marin.data import builtin, mixture
 from marin.data.documents import Counts, UnreadableSource, documents
-from marin.data.tokenizers import token_dtype
+from marin.data.tokenizers import load_tokenizer, token_dtype
 
 log = logging.getLogger("marin.data")
 FORMAT_VERSION = 1
@@ -149,8 +152,6 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
 
     Raises `UnreadableSource` naming the config field of a source that cannot be used.
     """
-    from marin.data.tokenizers import load_tokenizer
-
     tok = load_tokenizer(cfg.data.tokenizer)
     root, cache = mixture.data_root(cfg), cache_dir(cfg)
 
@@ -169,12 +170,10 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
 
 def run(composed) -> int:
     """Validate a composed config and prepare its data; the exit status."""
-    from marin.config.validate import ConfigError, load
-
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s] %(message)s")
     try:
-        _, cfg = load(composed)
+        _, cfg = load(composed, (mixture.check,))  # the data checks; the others are a launch's
     except ConfigError as err:
         print("\n".join(f"error: {n}: {m}" for n, m in err.problems), file=sys.stderr)
         return 2
@@ -196,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     own composition errors (an unknown option or key) exit as they do for `launch.py`."""
     import hydra
 
-    from marin.config.store import CONF_DIR, register
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-m" in argv or "--multirun" in argv:

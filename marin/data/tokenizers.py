@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from marin.config.paths import PROJECT_ROOT
+
 BYTE = "byte"
 # Names a tokenizer.json commonly gives its end-of-document token, in order of preference.
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
@@ -59,8 +61,6 @@ class JsonTokenizer:
 
 def tokenizer_path(spec: str) -> Path:
     """Where a tokenizer.json named in `data.tokenizer` lives (relative: the project root)."""
-    from marin.config.store import PROJECT_ROOT
-
     path = Path(spec).expanduser()
     return path if path.is_absolute() else PROJECT_ROOT / path
 

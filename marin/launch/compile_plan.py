@@ -30,7 +30,13 @@ import re
 import sys
 import time
 
+from marin.cli import fail
 from marin.config import derive
+from marin.config.derive import batch_shards
+from marin.launch.distributed import FORCED_DEVICES_FLAG
+from marin.launch.plan import plan
+from marin.model.mesh import MeshError, make_mesh
+from marin.optim import build_optimizer
 
 GIB = 2 ** 30
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -64,8 +70,6 @@ def replica_config(cfg):
 
 def force_host_devices(count: int) -> None:
     """Make JAX see `count` CPU devices; must run before JAX starts its backend."""
-    from marin.launch.distributed import FORCED_DEVICES_FLAG
-
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(FORCED_DEVICES_FLAG)]
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"{FORCED_DEVICES_FLAG}={count}"])
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -238,8 +242,8 @@ def staged_bytes(state, shardings) -> float:
     import jax
     import numpy as np
 
-    from marin.train.state import HOST
-    from marin.train.step import streamed
+    from marin.train.state import HOST  # JAX: imported only when this runs
+    from marin.train.step import streamed  # JAX: imported only when this runs
 
     sizes = [np.prod(s.shard_shape(leaf.shape)) * leaf.dtype.itemsize
              for (path, leaf), s in zip(jax.tree_util.tree_flatten_with_path(state.opt_state)[0],
@@ -254,10 +258,13 @@ def compile_steps(cfg) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from marin.launch.mesh import MeshError, make_mesh
-    from marin.optim import build_optimizer
-    from marin.train.state import batch_sharding, check_host_memory, init_state, state_sharding
-    from marin.train.step import hyperparams, jit_steps
+    from marin.train.state import (  # JAX: imported only when this runs
+        batch_sharding,
+        check_host_memory,
+        init_state,
+        state_sharding,
+    )
+    from marin.train.step import hyperparams, jit_steps  # JAX: imported only when this runs
 
     r = replica_config(cfg)
     if (cfg.optim.offload or cfg.model.offload_carry) and (why := check_host_memory()) is not None:
@@ -276,8 +283,7 @@ def compile_steps(cfg) -> dict:
     train_step, eval_step = jit_steps(r, tx, mesh, shardings)
     carry = None
     if r.model.offload_carry:  # the layer scan's stacked carries [L, rows per device, T, d], float32
-        from marin.config.derive import batch_shards
-        from marin.train.step import num_microbatches
+        from marin.train.step import num_microbatches  # JAX: imported only when this runs
 
         per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
         carry = f"f32[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
@@ -289,8 +295,6 @@ def compile_steps(cfg) -> dict:
 
 def compile_plan(cfg) -> dict:
     """Everything `dry_run=json` prints, plus `compiled`, `memory_limit_gib` and `fits`."""
-    from marin.launch.plan import plan
-
     out = plan(cfg)
     r = replica_config(cfg)
     steps = compile_steps(cfg)
@@ -319,8 +323,6 @@ def fits(steps: dict, limit: float | None) -> tuple:
 def run(cfg) -> None:
     """The `dry_run=compile` entry: force the replica's devices, compile, print one JSON object.
     A config this machine cannot compile prints one line and exits with status 2."""
-    from marin.launch.cli import fail
-
     devices = replica_devices(cfg)
     if "jax" in sys.modules:
         import jax

@@ -14,8 +14,18 @@ import sys
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from marin.config.validate import ConfigError, load
-from marin.launch.cli import config_errors, fail, setup_logging  # noqa: F401 (the helpers' old home)
+from marin.cli import config_errors, fail, setup_logging
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
+from marin.launch.compile_plan import run as compile_run
+from marin.launch.distributed import apply_environment
+from marin.launch.plan import print_plan
+from marin.launch.reproduce import ReproduceError, recompose
+from marin.launch.resume import resume
+from marin.launch.slurm import submit
+from marin.launch.verify import verify
+from marin.track import record, secrets
+from marin.track.backend import TrackingUnavailable
 
 log = logging.getLogger("marin")
 
@@ -42,9 +52,6 @@ def dispatch(cfg: DictConfig) -> None:
 def _guarded(cfg: DictConfig) -> None:
     setup_logging()
     job_overrides = overrides()
-    from marin.track import secrets
-    from marin.track.backend import TrackingUnavailable
-
     secrets.scan_overrides(job_overrides)
     try:
         _dispatch(cfg, job_overrides)
@@ -53,20 +60,14 @@ def _guarded(cfg: DictConfig) -> None:
 
 
 def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
-    if cfg.get("verify"):  # replay a recorded run and compare its metrics (marin/track/verify.py)
-        from marin.track.verify import verify
-
+    if cfg.get("verify"):  # replay a recorded run and compare its metrics (marin/launch/verify.py)
         verify(cfg, job_overrides)
         return
     if cfg.get("resume"):  # continue a run: its own config, dir and MLflow run (marin/launch/resume.py)
-        from marin.launch.resume import resume
-
         resume(job_overrides, dry_run=cfg.get("dry_run"), wait=bool(cfg.get("wait")), ref=str(cfg.resume))
         return
     try:
         if cfg.get("reproduce"):  # the saved run's config, with this command line's overrides on top
-            from marin.track.reproduce import ReproduceError, recompose
-
             try:
                 composed, resolved, job_overrides = recompose(cfg.reproduce, job_overrides)
             except ReproduceError as err:
@@ -76,27 +77,18 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
     except ConfigError as err:
         fail(config_errors(err))
     if resolved.dry_run == "compile":  # compile the real steps for one replica (marin/launch/compile_plan.py)
-        from marin.launch.compile_plan import run as compile_run
-
         compile_run(resolved)
         return
     if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
-        from marin.track import record, secrets
-
         print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
         return
     if resolved.dry_run:
-        from marin.launch.plan import print_plan
-
         print_plan(resolved, as_json=resolved.dry_run == "json")
         return
     if resolved.hardware.launcher == "slurm":
-        from marin.launch.slurm import submit
-
         submit(composed, resolved, job_overrides)
         return
-    from marin.launch.distributed import apply_environment
-    from marin.train.loop import run_local
+    from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
     apply_environment(resolved.hardware)  # XLA_FLAGS etc. before JAX starts (local_cpu8's 8 devices)
     run_local(composed, resolved, job_overrides)

@@ -12,6 +12,12 @@ from typing import Any, Optional, Sequence
 from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig
 
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
+from marin.launch.distributed import check_gpu_install
+from marin.launch.slurm import memory_problem
+from marin.track.errors import first_line
+
 
 @dataclass
 class Job:
@@ -45,10 +51,6 @@ def labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
 def check_jobs(jobs: list[Job]) -> list[str]:
     """Validate every composed job (schema and cross-field checks, a Slurm job's GPU install);
     fills `composed`/`resolved`, returns one line per problem: `job 2/4 (optim.lr=-1): field: why`."""
-    from marin.config.validate import ConfigError, load
-    from marin.launch.distributed import check_gpu_install
-    from marin.launch.slurm import memory_problem
-
     lines = []
     for n, job in enumerate(jobs, start=1):
         where = f"job {n}/{len(jobs)} ({job.label})"
@@ -63,7 +65,7 @@ def check_jobs(jobs: list[Job]) -> list[str]:
             lines += [f"{where}: {name}: {msg}" for name, msg in err.problems]
             continue
         except Exception as err:  # an OmegaConf type error while converting, say
-            lines.append(f"{where}: {str(err).splitlines()[0]}")
+            lines.append(f"{where}: {first_line(err)}")
             continue
         if job.slurm and (problem := check_gpu_install(job.resolved.hardware)) is not None:
             lines.append(f"{where}: {problem}")

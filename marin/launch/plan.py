@@ -13,10 +13,10 @@ import sys
 
 from marin.config import derive
 from marin.config.schema import Config
+from marin.data import mixture
+from marin.launch.memory import device_peak, fits, over_memory
+from marin.launch.slurm import describe, slurm_parameters
 from marin.model import accounting
-# The memory verdict is its own module: slurm.py refuses over-memory runs with it, and this module
-# describes the Slurm request with slurm.py's functions (no import circle).
-from marin.launch.memory import device_peak, fits, over_memory  # noqa: F401 (re-exported)
 
 MFU_FOR_DAYS = 0.2  # the low end of the published run's 20–23% MFU (spec §6)
 DATA_ROWS = 12      # the table lists the most repeated sources; the JSON lists all
@@ -66,6 +66,7 @@ def plan(cfg: Config) -> dict:
         "warmup_steps": round(cfg.schedule.warmup_frac * t.steps),
         "final_lr_ratio": cfg.schedule.final_ratio,
         "hardware": hw.name,
+        "racks": hw.racks,
         "mesh": {"replica_dcn": hw.mesh.replica_dcn, "data": hw.mesh.data,
                  "expert": hw.mesh.expert, "model": hw.mesh.model},
         "devices": devices,
@@ -104,18 +105,14 @@ def layout(cfg: Config) -> dict:
 def submission(cfg: Config) -> dict:
     """What a Slurm launch would request: the launcher's own submitit parameters (so the plan
     cannot drift from the submission), plus the totals."""
-    from marin.launch.slurm import slurm_parameters  # submitit, no JAX
-
     hw = cfg.hardware
     return {**slurm_parameters(cfg), "gpus_per_node": hw.gpus_per_node,
-            "tasks": hw.nodes * hw.tasks_per_node, "max_requeues": hw.max_requeues}
+            "tasks": derive.process_count(hw), "max_requeues": hw.max_requeues}
 
 
 def data_epochs(cfg: Config) -> dict | None:
     """{source: [epochs in each phase]} over the run, if the mixture module offers them (from
     the configured token counts only: the dry run reads no data)."""
-    from marin.data import mixture
-
     epochs_per_source = getattr(mixture, "epochs_per_source", None)
     return None if epochs_per_source is None else epochs_per_source(cfg)
 
@@ -158,7 +155,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("b1, b2, eps", f"{p['b1']}, {p['b2']:.6g}, {p['eps']:.4e}"),
         ]),
         ("layout", [
-            ("hardware", p["hardware"]),
+            ("hardware", p["hardware"] + (f" × {p['racks']} racks" if p.get("racks", 1) != 1 else "")),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
             ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (estimate, peak in the "
                                 f"{p['memory_peak_phase']} phase; {_layout(p['layout'])})"
@@ -213,6 +210,4 @@ def print_plan(cfg: Config, as_json: bool = False) -> None:
     if (warning := over_memory(cfg)) is not None:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     if "submission" in p:
-        from marin.launch.slurm import describe  # the launcher's own summary of the request
-
         print(describe(cfg))

@@ -3,7 +3,7 @@ crashed run — in the same directory and MLflow run, from its newest complete c
 or on Slurm as its (possibly new) hardware says.
 
 The config is the run's own, recomposed with the overrides of every earlier resume and of this
-command line (`marin.track.reproduce.recompose`). Overrides usually shorten the horizon
+command line (`marin.launch.reproduce.recompose`). Overrides usually shorten the horizon
 (`schedule.horizon_steps`, the failure plan) or move the run to other hardware. MLflow params
 are immutable, so a change is recorded as a tag (`resume_<n>`) and a new config artifact
 (`record/resolved.resume-<n>.yaml`, also kept in the run directory); record.json lists resumes,
@@ -22,7 +22,22 @@ import time
 
 from omegaconf import OmegaConf
 
+from marin.cli import config_errors, fail
+from marin.config.validate import ConfigError
+from marin.launch import slurm as slurm_launch
+from marin.launch.distributed import apply_environment, check_gpu_install
+from marin.launch.plan import print_plan
+from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
+from marin.track import backend, record, secrets
 from marin.track.record import flatten
+from marin.train.checkpoint import (
+    CheckpointError,
+    NoCheckpointError,
+    StructureMismatch,
+    abstract_state,
+    check_structure,
+    checkpoint_dir,
+)
 
 log = logging.getLogger("marin.resume")
 
@@ -56,11 +71,6 @@ def _describe(changes: dict) -> str:
 
 def _recompose(source, overrides: list[str], previous: dict):
     """(composed, resolved, changes against `previous`) of the run with `overrides`."""
-    from marin.config.validate import ConfigError
-    from marin.launch.cli import config_errors, fail
-    from marin.track import record
-    from marin.track.reproduce import ReproduceError, recompose
-
     if not any(_key(o) in PER_INVOCATION for o in overrides):  # the saved run's stop_after ended its invocation
         overrides = [*overrides, *(f"{k}=null" for k in PER_INVOCATION)]
     try:
@@ -77,15 +87,10 @@ def _recompose(source, overrides: list[str], previous: dict):
 
 
 def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
-    from marin.launch.cli import fail
-    from marin.track import backend, record
-    from marin.track.reproduce import _lookup_uri, _out_dir
-    from marin.train.checkpoint import checkpoint_dir
-
     new = [o for o in command_overrides if _key(o) != "resume"]
     ref = ref or next(o.split("=", 1)[1] for o in command_overrides if _key(o) == "resume")
     try:
-        source = record.open(ref, tracking_uri=_lookup_uri(new), out_dir=_out_dir(new))
+        source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         fail(f"resume: {err}")
     earlier = source.info().get("resumes") or []
@@ -108,20 +113,14 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
     if steps:
         _check_structure(source, resolved, changes, new)
     if dry_run:
-        from marin.launch.plan import print_plan
-
         print_plan(resolved, as_json=dry_run == "json")
         return
 
     rec = record.RunRecord(source.run_dir, source.run_id, source.tracking_uri, source.experiment_name)
     slurm = resolved.hardware.launcher == "slurm"
     if slurm:
-        from marin.launch import slurm as slurm_launch
-
         if (job := slurm_launch.active_job(rec)) is not None:
             fail(f"resume: run {rec.run_id} is still queued or running as Slurm job {job}; scancel it first")
-        from marin.launch.distributed import check_gpu_install
-
         if (problem := slurm_launch.memory_problem(resolved) or check_gpu_install(resolved.hardware)) is not None:
             fail(problem)
     try:
@@ -141,9 +140,8 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
             if code:
                 sys.exit(code)
         return
-    from marin.launch.distributed import apply_environment
-    from marin.train.checkpoint import CheckpointError, NoCheckpointError, StructureMismatch
-    from marin.train.loop import NonFiniteLoss, train
+    from marin.train.components import NonFiniteLoss  # JAX: the trainer stays off the dry-run path
+    from marin.train.loop import train  # JAX
 
     apply_environment(resolved.hardware)
     try:  # the MLflow run was reopened: these end it FAILED (train does that) with one line here
@@ -157,9 +155,6 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
 def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
     """Exit 2, before anything is written, if the new config's train state cannot take the
     newest checkpoint (compares jax.eval_shape of the state with orbax's stored metadata)."""
-    from marin.launch.cli import fail
-    from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure
-
     try:
         check_structure(source.run_dir, abstract_state(resolved))
     except StructureMismatch as err:
@@ -175,10 +170,6 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
 
 def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:
     """record.json's resume list; with changes, the new config beside the old and in MLflow."""
-    from marin.track import backend, record
-
-    from marin.track import secrets
-
     n = len(earlier) + 1
     overrides = [secrets.redact_override(o) for o in overrides]  # written and tagged: no secrets
     changes = {k: ([secrets.REDACTED] * 2 if secrets.looks_secret(k.rsplit(".", 1)[-1]) else secrets.redact(v))

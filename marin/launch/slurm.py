@@ -27,7 +27,18 @@ from pathlib import Path
 import submitit
 from omegaconf import OmegaConf
 
+from marin.cli import fail, setup_logging
+from marin.config import derive
+from marin.config.schema import Config
+from marin.launch import distributed
+from marin.launch.checks import load
 from marin.launch.distributed import check_gpu_install, process_environment
+from marin.launch.memory import over_memory
+from marin.track import backend, secrets
+from marin.track import record as run_record
+from marin.track.record import RunRecord, config_dict, update_info
+from marin.track.secrets import mask, safe_uri
+from marin.train import preempt
 
 log = logging.getLogger("marin.slurm")
 
@@ -51,8 +62,6 @@ def setup_lines(cfg) -> list[str]:
     every task has it before Python starts) and its own setup lines. A secret (by name or value)
     is never written into the script (it lies in the run directory): sbatch passes it from the
     submitting environment instead (`secret_environment`)."""
-    from marin.track import secrets
-
     env = process_environment(cfg.hardware)
     lines = [f"# {k}: a secret, passed in sbatch's environment" if k in _secret_env(cfg)
              else f"export {k}={shlex.quote(v)}" for k, v in env.items()]
@@ -61,8 +70,6 @@ def setup_lines(cfg) -> list[str]:
 
 def _secret_env(cfg) -> dict[str, str]:
     """The hardware's environment variables that hold secrets (by name, or by a remembered value)."""
-    from marin.track import secrets
-
     return {k: str(v) for k, v in cfg.hardware.env.items()
             if (secrets.looks_secret(k) or secrets.mask(str(v)) != str(v)) and v != secrets.REDACTED}
 
@@ -89,7 +96,7 @@ def slurm_parameters(cfg) -> dict:
     hw = cfg.hardware
     params = {
         "job_name": f"marin-{cfg.run.name}",
-        "nodes": hw.nodes,
+        "nodes": derive.total_nodes(hw),   # every rack: racks × nodes of one rack
         "ntasks_per_node": hw.tasks_per_node,
         "cpus_per_task": hw.cpus_per_task,
         "gpus_per_node": hw.gpus_per_node or None,   # every task sees all of its node's GPUs
@@ -115,13 +122,14 @@ def describe(cfg) -> str:
     """What would be submitted, in a few lines (dry runs print this)."""
     hw = cfg.hardware
     p = slurm_parameters(cfg)
-    tasks = hw.nodes * hw.tasks_per_node
+    nodes, tasks = derive.total_nodes(hw), derive.process_count(hw)
     gpus = f"{hw.gpus_per_node} GPUs" if hw.gpus_per_node else "no GPUs"
     where = ", ".join(f"{k} {p[k]}" for k in ("partition", "account", "qos", "constraint") if k in p) or "default partition"
     per_node = [gpus, f"{hw.cpus_per_task * hw.tasks_per_node} CPUs", p.get("mem", "no memory request")]
+    racks = f"; {hw.racks} racks of {hw.nodes} nodes" if hw.racks != 1 else ""
     lines = [
-        f"slurm: {hw.nodes} node{'s' if hw.nodes != 1 else ''} × {hw.tasks_per_node} tasks = {tasks} processes "
-        f"({hw.nodes * hw.gpus_per_node} GPUs); per node: {', '.join(per_node)}",
+        f"slurm: {nodes} node{'s' if nodes != 1 else ''} × {hw.tasks_per_node} tasks = {tasks} processes "
+        f"({nodes * hw.gpus_per_node} GPUs); per node: {', '.join(per_node)}{racks}",
         f"  {where}; time limit {hw.time_min} min (USR2 {hw.signal_delay_s} s before); "
         f"at most {hw.max_requeues} requeues",
         "  environment:",
@@ -134,9 +142,6 @@ def describe(cfg) -> str:
 
 def submit(composed, resolved, overrides: list[str]) -> None:
     """`launch.py` with a Slurm hardware: record, submit, print, return (or follow with wait)."""
-    from marin.launch.cli import fail
-    from marin.track import backend, record as run_record
-
     if (problem := memory_problem(resolved)) is not None:
         fail(problem)
     if (problem := check_gpu_install(resolved.hardware)) is not None:
@@ -160,8 +165,6 @@ def submit(composed, resolved, overrides: list[str]) -> None:
 def memory_problem(resolved) -> str | None:
     """The refusal of a run whose memory estimate exceeds the device's usable memory (the dry
     run's figures), unless plan.allow_over_memory; checked before anything is written."""
-    from marin.launch.memory import over_memory  # pure Python
-
     if resolved.plan.allow_over_memory:
         return None
     return over_memory(resolved)
@@ -169,12 +172,8 @@ def memory_problem(resolved) -> str | None:
 
 def _mark_unsubmitted(rec, reason: str) -> None:
     """The MLflow run of a job that sbatch refused: FAILED, with the reason (resume= reopens it)."""
-    from marin.track import backend
-
     try:
         client = backend.client(rec.tracking_uri)
-        from marin.track.secrets import mask
-
         client.set_tag(rec.run_id, "submit_error", mask(reason)[:5000])
         client.set_terminated(rec.run_id, "FAILED")
     except Exception as err:  # the record stays as it is; the message already says what to do
@@ -182,8 +181,6 @@ def _mark_unsubmitted(rec, reason: str) -> None:
 
 
 def _job_label(rec) -> str:
-    from marin.track.backend import safe_uri
-
     return f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({safe_uri(rec.tracking_uri)})"
 
 
@@ -206,8 +203,6 @@ def submit_record(composed, resolved, rec):
         with clean_environment(), secret_environment(resolved):
             job = ex.submit(task)
     except (submitit.core.utils.FailedJobError, OSError, subprocess.SubprocessError) as err:
-        from marin.track.secrets import mask
-
         raise SubmitError(f"sbatch failed: {mask(str(err).strip())}") from err
     _remember_job(rec, job.job_id)
     print(f"slurm job: {job.job_id}\n{_job_label(rec)}\nlogs: {folder}/{job.job_id}_*_log.out", flush=True)
@@ -215,8 +210,6 @@ def submit_record(composed, resolved, rec):
 
 
 def _remember_job(rec, job_id: str) -> None:
-    from marin.track.record import update_info
-
     jobs = rec.info().get("slurm_jobs", [])
     update_info(rec, slurm_jobs=[*jobs, str(job_id)])
 
@@ -257,9 +250,6 @@ def follow(job, poll_s: float = 2.0) -> int:
 def config_yaml(composed) -> str:
     """The composed config for the job, secrets <redacted> (the submission is pickled into the run
     directory; the job takes them from its environment, see `secret_environment`)."""
-    from marin.track import secrets
-    from marin.track.record import config_dict
-
     return secrets.mask(OmegaConf.to_yaml(OmegaConf.create(secrets.redact(config_dict(composed)))))
 
 
@@ -270,19 +260,11 @@ def record_fields(rec) -> dict:
 
 def rebuild(composed_yaml: str):
     """(composed, resolved) from the YAML of a composed config, validated again."""
-    from marin.config.schema import Config
-    from marin.config.validate import load
-
     return load(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(composed_yaml)))
 
 
 def job_main(composed_yaml: str, fields: dict, entry: str = DEFAULT_ENTRY):
     """What every task runs: preemption handler, distributed init, config, record, loop."""
-    from marin.launch import distributed
-    from marin.launch.cli import setup_logging
-    from marin.track.record import RunRecord
-    from marin.train import preempt
-
     setup_logging()
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every step of every save at INFO
     _, resolved = rebuild(composed_yaml)

@@ -14,11 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from marin.config.counts import Shapes, active_params_of, total_params_of  # shapes: config arithmetic
 from marin.config.derive import batch_shards, remat_mode
 from marin.config.schema import Config
-# The shapes and parameter counts live in counts.py, which marin.config.derive reads for the
-# token budget: this module builds on derive, never the other way round (no import circle).
-from marin.model.counts import Shapes, active_params_of, total_params_of
 
 
 def _gated_norm(s: Shapes) -> int:
@@ -74,10 +72,6 @@ def total_params(cfg: Config) -> int:
 
 def active_params(cfg: Config) -> int:
     return active_params_of(Shapes.of(cfg))
-
-
-def all_leaves(cfg: Config) -> int:
-    return all_leaves_of(Shapes.of(cfg))
 
 
 def flops_per_token(cfg: Config, with_head: bool = True) -> int:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from marin.config import derive
+from marin.config.registry import ATTENTION
 from marin.config.schema import Config
 from marin.model import blockwise_attention as blockwise
 from marin.model.conv import causal_conv, identity_kernel_init
@@ -92,16 +93,23 @@ def attention_impl(cfg: Config) -> str:
 def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
            is_global: jax.Array, window: int) -> jax.Array:
     """Masked softmax attention, [B, T, H, h] float32, of q, k, v [B, T, H, h] (K/V one per query
-    head); every kernel applies `attention_mask`'s rule and the 1/√h scale."""
-    if impl == "cudnn":
-        return cudnn_attention(q, k, v, segment_ids, is_global, window)
-    if impl == "blockwise" and q.shape[1] > blockwise.BLOCK:
+    head) by the kernel registered as `impl`; every kernel applies `attention_mask`'s rule and the
+    1/√h scale."""
+    return ATTENTION.get(impl)(q, k, v, segment_ids, is_global, window)
+
+
+kernel = ATTENTION.register   # `@kernel("name")`: an attention.impl
+
+
+@kernel("blockwise")
+def blockwise_kernel(q, k, v, segment_ids, is_global, window) -> jax.Array:
+    """The blockwise kernel; on one block the [T, T] scores are that tile, and plain autodiff is faster."""
+    if q.shape[1] > blockwise.BLOCK:
         return blockwise.blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
-    if impl in ("blockwise", "reference"):  # blockwise on one block: the [T, T] scores are that tile,
-        return reference_attention(q, k, v, segment_ids, is_global, window)  # and plain autodiff is faster
-    raise ValueError(f"attention.impl: must be one of auto, blockwise, cudnn, reference; got {impl!r}")
+    return reference_attention(q, k, v, segment_ids, is_global, window)
 
 
+@kernel("reference")
 def reference_attention(q, k, v, segment_ids, is_global, window) -> jax.Array:
     """The plain formula on the whole [B, H, T, T] score matrix (tests, short sequences)."""
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
@@ -110,6 +118,7 @@ def reference_attention(q, k, v, segment_ids, is_global, window) -> jax.Array:
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
+@kernel("cudnn")
 def cudnn_attention(q, k, v, segment_ids, is_global, window, implementation="cudnn") -> jax.Array:
     """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (16-bit dtypes, GPU).
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from marin.config.registry import TRANSPORTS
 from marin.model import routers
 
 
@@ -298,20 +299,35 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
     return y.astype(x.dtype)
 
 
+# --- the training transports on one device, registered under model.ep_transport -------------
+# (under expert parallelism: `marin.model.expert_parallel.PARALLEL`, the same names)
+
+transport = TRANSPORTS.register
+
+
+@transport("fixed")
+def fixed_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
+    """Capacity C per expert; the rest drops."""
+    return sort_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), w.gate.shape[0], cap)
+
+
+@transport("pooled")
+def pooled_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
+    """Capacity R per expert in up to `model.ep_waves` waves."""
+    m, (tokens, k), num_experts = cfg.model, expert_idx.shape, w.gate.shape[0]
+    send, recv = pooled_capacities(tokens, k, num_experts, 1, m.ep_send_capacity_factor, m.ep_recv_capacity_factor)
+    return pooled_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), num_experts, 1, send, recv, m.ep_waves)
+
+
+@transport("ragged")
+def ragged_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
+    """Exact: grouped matmuls (`ragged_dot_dispatch`)."""
+    return ragged_dot_dispatch(x, expert_idx, weights, w), jnp.int32(0)
+
+
 def local_transport(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
-    """The training pass on one device by `model.ep_transport`: (y, dropped). `fixed`: capacity
-    C per expert; `pooled`: capacity R per expert in up to `model.ep_waves` waves; `ragged`:
-    exact (grouped matmuls, `ragged_dot_dispatch`)."""
-    m = cfg.model
-    num_experts = w.gate.shape[0]
-    if m.ep_transport == "ragged":
-        return ragged_dot_dispatch(x, expert_idx, weights, w), jnp.int32(0)
-    if m.ep_transport == "pooled":
-        tokens, k = expert_idx.shape
-        send, recv = pooled_capacities(tokens, k, num_experts, 1, m.ep_send_capacity_factor, m.ep_recv_capacity_factor)
-        return pooled_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), num_experts, 1,
-                               send, recv, m.ep_waves)
-    return sort_dispatch(x, expert_idx, weights, partial(expert_swiglu, w=w), num_experts, cap)
+    """The training pass on one device by `model.ep_transport`: (y, dropped)."""
+    return TRANSPORTS.get(cfg.model.ep_transport)(x, expert_idx, weights, w, cfg, cap)
 
 
 def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,

@@ -31,9 +31,19 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.launch.mesh import BATCH_AXES
-from marin.model.dispatch import (ExpertWeights, capacity, expert_queues, expert_swiglu, pooled_capacities,
-                                  pooled_dispatch, routed_experts, sort_dispatch, take_rows)
+from marin.config.registry import Registry
+from marin.model.dispatch import (
+    ExpertWeights,
+    capacity,
+    expert_queues,
+    expert_swiglu,
+    pooled_capacities,
+    pooled_dispatch,
+    routed_experts,
+    sort_dispatch,
+    take_rows,
+)
+from marin.model.mesh import BATCH_AXES
 
 EXPERT_AXIS = "expert"
 
@@ -139,23 +149,40 @@ def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int,
     return y.astype(x.dtype), jnp.sum(total[me] - kept[me])
 
 
-def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
-    """The training transport of `model.ep_transport` on this device's `tokens` tokens. The
-    pooled waves' skip decision is agreed over all batch axes, not just `expert`: collectives of
+# The training transports under expert parallelism, by model.ep_transport (one device: dispatch.TRANSPORTS).
+# Each builds `(x, expert_idx, weights) -> (y, dropped)` for this device's `tokens` tokens.
+PARALLEL = Registry("model.ep_transport")
+
+
+@PARALLEL.register("fixed")
+def _fixed(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
+    return partial(sort_dispatch, expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
+                   cap=capacity(tokens, cfg.router.top_k, num_experts, cfg.model.capacity_factor))
+
+
+@PARALLEL.register("pooled")
+def _pooled(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
+    """The waves' skip decision is agreed over all batch axes, not just `expert`: collectives of
     the backward pass (the data-parallel sum of the expert weights' gradient) can land inside a
     wave, and a decision agreed over `expert` alone deadlocked on 8 host devices."""
-    m, k = cfg.model, cfg.router.top_k
-    if m.ep_transport == "pooled":
-        send, recv = pooled_capacities(tokens, k, num_experts, peers, m.ep_send_capacity_factor,
-                                       m.ep_recv_capacity_factor)
-        return partial(pooled_dispatch, expert_fn=partial(expert_swiglu, w=local_w), num_experts=num_experts,
-                       peers=peers, send_cap=send, recv_cap=recv, waves=m.ep_waves,
-                       exchange=_exchange, agree=partial(jax.lax.pmax, axis_name=batch_axes))
-    if m.ep_transport == "ragged":
-        rows = ragged_buffer_rows(tokens, k, num_experts, peers, m.ep_recv_capacity_factor, m.ep_waves)
-        return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows)
-    return partial(sort_dispatch, expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
-                   cap=capacity(tokens, k, num_experts, m.capacity_factor))
+    m = cfg.model
+    send, recv = pooled_capacities(tokens, cfg.router.top_k, num_experts, peers, m.ep_send_capacity_factor,
+                                   m.ep_recv_capacity_factor)
+    return partial(pooled_dispatch, expert_fn=partial(expert_swiglu, w=local_w), num_experts=num_experts,
+                   peers=peers, send_cap=send, recv_cap=recv, waves=m.ep_waves,
+                   exchange=_exchange, agree=partial(jax.lax.pmax, axis_name=batch_axes))
+
+
+@PARALLEL.register("ragged")
+def _ragged(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
+    m = cfg.model
+    rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor, m.ep_waves)
+    return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows)
+
+
+def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
+    """The training transport of `model.ep_transport` on this device's `tokens` tokens."""
+    return PARALLEL.get(cfg.model.ep_transport)(cfg, local_w, num_experts, peers, tokens, batch_axes)
 
 
 def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh):

@@ -1,5 +1,8 @@
 """Token → expert routing (`conf/router/`): QB, softmax with an auxiliary loss, and bias_update.
 
+Each router is a class registered under its `router.kind` (`@router("qb")`); a new one is its
+class here and its option file in conf/router/, nothing else.
+
 `route(logits, bias, cfg)` picks k experts per token and their combine weights; the per-expert
 bias comes from the router state, which lives in the train state as [L, E] and is advanced
 once per step from the layer stats (`next_router_state`). The bias only re-ranks experts:
@@ -15,6 +18,8 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+
+from marin.config.registry import ROUTERS
 
 Axes = Sequence[str]
 
@@ -71,39 +76,89 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
     return lo + width * (crossing.astype(jnp.float32) + frac)
 
 
+# --- the routers: one class each, registered under its router.kind -----------------------------
+
+router = ROUTERS.register   # `@router("name")` on a class: with conf/router/<option>.yaml, all a router needs
+
+
+class Router:
+    """A routing rule: which experts a token takes, and the [L, E] router state it keeps.
+
+    `select` returns (expert_idx [T,k], beta [E]); the defaults select on the biased logits,
+    add no loss and keep no state."""
+
+    def select(self, logits, biased, k: int, cfg, axis_names: Axes):
+        return jax.lax.top_k(biased, k)[1], jnp.zeros((logits.shape[-1],), jnp.float32)
+
+    def aux_loss(self, logits, load, cfg, axis_names: Axes):
+        return jnp.float32(0.0)
+
+    def bias(self, state, cfg):
+        return jnp.zeros_like(state)
+
+    def next_state(self, state, stats, cfg):
+        return state
+
+
+@router("qb")
+class QuantileBalancing(Router):
+    """QB: the bias is −β, the (1 − k/E) quantile of each expert's margin over the batch."""
+
+    def select(self, logits, biased, k, cfg, axis_names):
+        top_vals, top_idx = jax.lax.top_k(biased, k + 1)
+        threshold = top_vals[:, k]                           # α: the (k+1)-th biased value
+        margins = logits - threshold[:, None]                # m = s − α
+        beta = histogram_quantile(margins, 1.0 - k / logits.shape[-1], cfg.router.qb_bins, axis_names)
+        return top_idx[:, :k], beta
+
+    def bias(self, state, cfg):
+        # b = −β shifted to zero mean over the experts of each layer (a shift does not re-rank).
+        return -(state - jnp.mean(state, axis=-1, keepdims=True))
+
+    def next_state(self, state, stats, cfg):
+        return jnp.asarray(stats["beta"], jnp.float32)       # replaces, never accumulates
+
+
+@router("softmax_aux")
+class SoftmaxAux(Router):
+    """Top-k of the unbiased logits plus Switch Transformer's load-balancing loss."""
+
+    def select(self, logits, biased, k, cfg, axis_names):
+        return super().select(logits, logits, k, cfg, axis_names)
+
+    def aux_loss(self, logits, load, cfg, axis_names):
+        # E · Σ_e f_e · P_e, f = assignment fraction (no gradient), P = mean prob.
+        probs = jax.nn.softmax(logits, axis=-1)
+        mean_prob = _psum(jnp.sum(probs, axis=0), axis_names) / _psum(jnp.float32(logits.shape[0]), axis_names)
+        return cfg.router.aux_loss_weight * logits.shape[-1] * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
+
+
+@router("bias_update")
+class BiasUpdate(Router):
+    """DeepSeek-V3: a per-expert bias nudged by sign(mean load − load) each step."""
+
+    def bias(self, state, cfg):
+        return state
+
+    def next_state(self, state, stats, cfg):
+        load = jnp.asarray(stats["load"], jnp.float32)
+        nudged = state + cfg.router.bias_update_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
+        return nudged - jnp.mean(nudged, axis=-1, keepdims=True)
+
+
 def route(logits, bias, cfg, *, axis_names: Axes = ()):
     """Choose experts: (expert_idx int32 [T,k], weights f32 [T,k], stats).
 
     logits [T,E] fp32 (x·W_router), bias [E] from `router_bias`. stats = {beta [E] (QB's
     quantile estimate, zeros otherwise), load [E], aux_loss []}.
     """
-    kind, k = cfg.router.kind, cfg.router.top_k
+    rule, k = ROUTERS.get(cfg.router.kind), cfg.router.top_k
     logits = logits.astype(jnp.float32)
-    num_experts = logits.shape[-1]
-    beta = jnp.zeros((num_experts,), jnp.float32)
-    aux_loss = jnp.float32(0.0)
-    if kind == "softmax_aux":
-        _, expert_idx = jax.lax.top_k(logits, k)
-    else:  # qb and bias_update select on biased logits
-        biased = logits + jax.lax.stop_gradient(bias.astype(jnp.float32))
-        if kind == "qb":
-            top_vals, top_idx = jax.lax.top_k(biased, k + 1)
-            expert_idx = top_idx[:, :k]
-            threshold = top_vals[:, k]                       # α: the (k+1)-th biased value
-            margins = logits - threshold[:, None]            # m = s − α
-            beta = histogram_quantile(margins, 1.0 - k / num_experts, cfg.router.qb_bins, axis_names)
-        elif kind == "bias_update":
-            _, expert_idx = jax.lax.top_k(biased, k)
-        else:
-            raise ValueError(f"unknown router.kind {kind!r}")
-    chosen = jnp.take_along_axis(logits, expert_idx, axis=1)
-    weights = combine_weights(chosen, cfg)
-    load = expert_load(expert_idx, num_experts, axis_names)
-    if kind == "softmax_aux":
-        # Switch Transformer: E · Σ_e f_e · P_e, f = assignment fraction (no gradient), P = mean prob.
-        probs = jax.nn.softmax(logits, axis=-1)
-        mean_prob = _psum(jnp.sum(probs, axis=0), axis_names) / _psum(jnp.float32(logits.shape[0]), axis_names)
-        aux_loss = cfg.router.aux_loss_weight * num_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
+    biased = logits + jax.lax.stop_gradient(bias.astype(jnp.float32))
+    expert_idx, beta = rule.select(logits, biased, k, cfg, axis_names)
+    weights = combine_weights(jnp.take_along_axis(logits, expert_idx, axis=1), cfg)
+    load = expert_load(expert_idx, logits.shape[-1], axis_names)
+    aux_loss = rule.aux_loss(logits, load, cfg, axis_names)
     return expert_idx.astype(jnp.int32), weights, {"beta": beta, "load": load, "aux_loss": aux_loss}
 
 
@@ -116,22 +171,9 @@ def init_router_state(cfg):
 
 def router_bias(state, cfg):
     """The bias [L, E] the layers add to their logits this step."""
-    kind = cfg.router.kind
-    if kind == "qb":
-        # b = −β shifted to zero mean over the experts of each layer (a shift does not re-rank).
-        return -(state - jnp.mean(state, axis=-1, keepdims=True))
-    if kind == "bias_update":
-        return state
-    return jnp.zeros_like(state)
+    return ROUTERS.get(cfg.router.kind).bias(state, cfg)
 
 
 def next_router_state(state, stats, cfg):
     """The state for the next step from this step's per-layer stats (beta/load [L, E])."""
-    kind = cfg.router.kind
-    if kind == "qb":
-        return jnp.asarray(stats["beta"], jnp.float32)       # replaces, never accumulates
-    if kind == "bias_update":
-        load = jnp.asarray(stats["load"], jnp.float32)
-        nudged = state + cfg.router.bias_update_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
-        return nudged - jnp.mean(nudged, axis=-1, keepdims=True)
-    return state
+    return ROUTERS.get(cfg.router.kind).next_state(state, stats, cfg)

@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from marin.config.derive import layer_is_global, remat_mode
+from marin.config.counts import layer_is_global
+from marin.config.derive import remat_mode
 from marin.config.schema import Config
 from marin.model.attention import Attention
 from marin.model.conv import CausalConv
+from marin.model.memory import fetch
 from marin.model.moe import MoE
 from marin.model.norms import GatedNorm, RMSNorm, matmul, matrix_init
 
@@ -52,7 +54,6 @@ def gathered(module, cfg: Config, mesh):
         return module
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from marin.optim.muonh import fetch
 
     replicated = NamedSharding(mesh, PartitionSpec())
     fsdp = cfg.hardware.mesh.fsdp

@@ -17,8 +17,10 @@ Importing this package does not import JAX (`build_optimizer` does): config vali
 from __future__ import annotations
 
 from marin.config.schema import Config
+from marin.optim.decay import scheduled_decay
 from marin.optim.groups import ADAM, ADAMH, ADAMW, MUONH, param_groups
-from marin.optim.schedule import lr_at
+from marin.optim.hparams import values
+from marin.optim.schedule import interp_schedule, lr_at
 
 __all__ = ["build_optimizer", "param_groups", "lr_at"]
 
@@ -31,10 +33,7 @@ def build_optimizer(cfg: Config, hp: dict | None = None):
     import jax.numpy as jnp
     import optax
 
-    from marin.optim.decay import scheduled_decay
-    from marin.optim.hparams import values
-    from marin.optim.muonh import adamh, muonh
-    from marin.optim.schedule import interp_schedule
+    from marin.optim.muonh import adamh, muonh  # JAX: optim.decay and the schedule are on the config path
 
     o = cfg.optim
     hp = values(cfg) if hp is None else hp

@@ -124,7 +124,8 @@ def scheduled_decay(learning_rate, rules: list[DecayRule], group: str, numbers=N
     import jax.numpy as jnp
     import optax
 
-    from marin.optim.muonh import on_host, per_layer
+    from marin.model.memory import on_host  # JAX: decay rules are checked on the config path (launch.checks)
+    from marin.optim.muonh import per_layer  # JAX
 
     numbers = numbers if numbers is not None else [None] * len(rules)
     schedules = [(rule, rule_schedule(rule, n)) for rule, n in zip(rules, numbers, strict=True)]

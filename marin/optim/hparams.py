@@ -21,6 +21,7 @@ import numpy as np
 
 from marin.config.derive import group_lrs
 from marin.config.schema import Config
+from marin.optim.schedule import breakpoints
 
 # Most breakpoints a schedule has (marin.optim.schedule.breakpoints: start of warmup, peak,
 # horizon change, last step); shorter lists are padded flat so the input's shape never changes.
@@ -33,7 +34,6 @@ def padded_breakpoints(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     """The schedule's (steps, multipliers) as two float32 arrays of length SCHEDULE_POINTS,
     padded past the last breakpoint with the same multiplier (steps kept strictly increasing,
     so `interp` gives the same curve)."""
-    from marin.optim.schedule import breakpoints
 
     xs, ys = breakpoints(cfg)
     while len(xs) < SCHEDULE_POINTS:

@@ -28,27 +28,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from marin.model.memory import fetch, on_host, store  # noqa: F401 (on_host: marin.optim.decay, marin.train.step)
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # the standard quintic (Keller Jordan's Muon)
 
 
 def matrix_norm(x: jax.Array) -> jax.Array:
     """Frobenius norm of each matrix (last two dims), kept broadcastable against `x`."""
     return jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
-
-
-def on_host(x) -> bool:
-    """Whether traced `x` lives in pinned host memory (JAX tracks memory spaces in avals)."""
-    return getattr(jax.typeof(x), "memory_space", None) == jax.memory.Space.Host
-
-
-def fetch(x: jax.Array) -> jax.Array:
-    """`x` on the device: a host slice is copied in; a device array is returned as it is."""
-    return jax.device_put(x, jax.memory.Space.Device) if on_host(x) else x
-
-
-def store(like: jax.Array, x: jax.Array) -> jax.Array:
-    """`x` in the memory space of `like` (back to the host when `like` lives there)."""
-    return jax.device_put(x, jax.memory.Space.Host) if on_host(like) else x
 
 
 def per_layer(fn, *arrays: jax.Array, n_out: int = 1):

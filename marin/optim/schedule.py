@@ -1,4 +1,5 @@
-"""Learning-rate schedule `warmup_linear` (spec §3, failure plan §7).
+"""Learning-rate schedules, registered under `schedule.name` (`@SCHEDULES.register`), with the
+option file conf/schedule/<name>.yaml: `warmup_linear` (spec §3, failure plan §7).
 
 The multiplier of the peak lr is a pure function of the step and the resolved config — a
 piecewise-linear curve through a few breakpoints — so a resumed run recomputes the same values
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from marin.config.derive import group_lrs
+from marin.config.registry import SCHEDULES
 from marin.config.schema import Config
 
 
@@ -30,10 +32,14 @@ def warmup_steps(cfg: Config) -> int:
 
 
 def breakpoints(cfg: Config) -> tuple[list[float], list[float]]:
-    """(steps, multipliers) of the piecewise-linear schedule, steps strictly increasing."""
+    """(steps, multipliers) of the piecewise-linear schedule `schedule.name`, steps strictly increasing."""
+    return SCHEDULES.get(cfg.schedule.name)(cfg)
+
+
+@SCHEDULES.register("warmup_linear")
+def warmup_linear(cfg: Config) -> tuple[list[float], list[float]]:
+    """Linear warmup to peak, then linear decay to final_ratio at the horizon (module docstring)."""
     s, steps = cfg.schedule, cfg.train.steps
-    if s.name != "warmup_linear":
-        raise ValueError(f"unknown schedule.name {s.name!r}")
     warmup = warmup_steps(cfg)
     peak_step = warmup - 1
     xs, ys = ([0.0], [1.0 / warmup]) if warmup > 1 else ([], [])
@@ -54,24 +60,10 @@ def breakpoints(cfg: Config) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def lr_multiplier(cfg: Config):
-    """step (int or traced array) -> fraction of peak; jit-safe, usable as an optax schedule."""
-    import jax.numpy as jnp
-
-    xs, ys = breakpoints(cfg)
-    xs_arr, ys_arr = jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32)
-    return lambda step: jnp.interp(jnp.asarray(step, jnp.float32), xs_arr, ys_arr)
-
-
-def lr_schedule(cfg: Config, peak: float):
-    """An optax schedule: peak × the multiplier at the optimizer's update count (= train step)."""
-    multiplier = lr_multiplier(cfg)
-    return lambda count: peak * multiplier(count)
-
-
 def interp_schedule(peak, xs, ys):
-    """The same schedule from arrays (possibly traced: `marin.optim.hparams`), so neither the
-    peak nor the breakpoints are constants of the compiled step."""
+    """An optax schedule, peak × the multiplier at the optimizer's update count (= train step),
+    from arrays (possibly traced: `marin.optim.hparams`), so neither the peak nor the
+    breakpoints are constants of the compiled step."""
     import jax.numpy as jnp
 
     return lambda count: peak * jnp.interp(jnp.asarray(count, jnp.float32), xs, ys)

@@ -1,5 +1,5 @@
-"""What the tracking modules share: where the MLflow store is, a client for it, its experiments,
-and keeping secrets out of everything that is logged."""
+"""What the tracking modules share: where the MLflow store is, a client for it, its experiments
+(the rule for secrets lives in `marin.track.secrets`)."""
 from __future__ import annotations
 
 import os
@@ -7,11 +7,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from marin.config.paths import project_path
 from marin.config.schema import Config
-from marin.config.store import project_path
-
-# The rule for secrets lives in marin.track.secrets; these names stay importable from here.
-from marin.track.secrets import REDACTED, looks_secret, redact, redact_override, safe_uri  # noqa: E402,F401
+from marin.track.secrets import safe_uri
 
 
 class TrackingUnavailable(ConnectionError):

@@ -21,6 +21,10 @@ from pathlib import Path
 
 import yaml
 
+from marin.config.paths import project_path
+from marin.model import accounting
+from marin.track.errors import first_line
+
 FORMAT = 1
 METRICS = ("predicted", "residual", "z", "lower", "upper")
 log = logging.getLogger("marin.forecast")
@@ -33,13 +37,12 @@ class BadForecast(ValueError):
 
 def read(path: str | Path) -> dict:
     """The registered forecast at `path` (relative: the project root); BadForecast if unusable."""
-    from marin.config.store import project_path
 
     full = project_path(path)
     try:
         doc = yaml.safe_load(full.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise BadForecast(f"cannot read {path}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+        raise BadForecast(f"cannot read {path}: {type(err).__name__}: {first_line(err)}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("points"), list) \
             or not all(isinstance(p, dict) and all(k in p for k in POINT_KEYS) for p in doc["points"]) \
             or "target" not in doc or "target_C" not in doc:
@@ -64,7 +67,6 @@ def write(path: str | Path, doc: dict) -> Path:
 
 def check_config(cfg) -> list[tuple[str, str]]:
     """Validation problems of `forecast.registered` for the resolved `cfg` (none when unset)."""
-    from marin.model import accounting
 
     name = getattr(getattr(cfg, "forecast", None), "registered", None)
     if not name:

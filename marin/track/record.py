@@ -11,9 +11,7 @@ A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` h
 
 and the MLflow run gets the resolved config as flattened params, provenance as tags and the
 three config files as artifacts. Creation is all or nothing: a failure removes the directory and
-deletes the MLflow run. It comes in two halves, `prepare` (the directory and its config, no
-MLflow) and `register` (provenance and the MLflow run): `create` does both here; a local run has
-the tracking companion do the second (marin.track.tracker.create_in, `PendingRecord`).
+deletes the MLflow run.
 
 Secrets never reach any of it: every text written goes through `marin.track.secrets` (values
 under secret-looking names, and those values wherever else they appear, are <redacted>; so are
@@ -41,9 +39,10 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, RunConfig
-from marin.config.store import PROJECT_ROOT
-from marin.track import backend, secrets
+from marin.track import backend, secrets, sweep
+from marin.track.errors import first_line
 
 log = logging.getLogger("marin.track")
 
@@ -165,7 +164,7 @@ def environment() -> dict[str, str]:
 def config_search_path() -> list[str]:
     """The config folders this job was composed with besides the project's conf/ (`--config-dir`,
     `hydra.searchpath`), as Hydra URLs with absolute paths: reproduce=/resume= compose with them
-    again (marin.track.reproduce). Empty outside @hydra.main."""
+    again (marin.launch.reproduce). Empty outside @hydra.main."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
@@ -252,72 +251,65 @@ def _tag_value(text: str) -> str:
 
 @dataclass(frozen=True)
 class Draft:
-    """A run directory with its config written, before its MLflow run exists (`prepare`); what
-    `register` needs to make that run, in this process or in the tracking companion."""
+    """A run directory with its config written, before its MLflow run exists (`prepare`): what
+    `register` needs to make that run (in the tracking process: marin.track.worker)."""
     run_dir: Path
     uri: str
     experiment_name: str
     digest: str
     resolved: Config
-    overrides: list[str]          # as typed (secrets in them are found again where it is registered)
+    overrides: list[str]          # as typed (register finds the secrets in them again)
     sweep: object                 # marin.track.sweep.Membership, or None
     search_path: list[str]
     argv: list[str]
 
+    @property
+    def tracking_uri(self) -> str:
+        return self.uri
+
 
 def create(composed: Config, resolved: Config, overrides: list[str]) -> RunRecord:
-    """Make the run directory and its MLflow run (after validation). All or nothing."""
+    """Make the run directory and its MLflow run here (after validation). All or nothing."""
     draft = prepare(composed, resolved, overrides)
-    handler = attach_log(draft)
     try:
-        rec = register(draft)
+        return made(register(draft), draft)
     except BaseException:
-        detach_log(handler)
         abandon(draft)
         raise
-    return opened(rec, draft)
 
 
 def prepare(composed: Config, resolved: Config, overrides: list[str]) -> Draft:
-    """Check the store, then make the run directory with its config files (no MLflow import)."""
-    from marin.track import sweep
+    """Check the store, then make the run directory with its config files; its log lines go to
+    run.log from now on. No MLflow: `register` makes the run."""
 
     uri = backend.tracking_uri(resolved)
     backend.check_reachable(uri)  # before anything is written
     sweep.check_tracking(resolved, uri)
     _scan_secrets(resolved, overrides)
-    composed_tree = secrets.redact(config_dict(composed))
-    resolved_tree = secrets.redact(config_dict(resolved))
     safe_overrides = [secrets.redact_override(o) for o in overrides]
     digest = config_hash(resolved)
-    member = sweep.membership(resolved, overrides)
     run_dir = _new_run_dir(backend.out_dir(resolved) / "runs", resolved.run.name, digest)
-    draft = Draft(run_dir, uri, backend.experiment_name(resolved), digest, resolved, list(overrides), member,
-                  config_search_path(), [secrets.redact_override(a) for a in sys.argv])
+    draft = Draft(run_dir, uri, backend.experiment_name(resolved), digest, resolved, list(overrides),
+                  sweep.membership(resolved, overrides), config_search_path(),
+                  [secrets.redact_override(a) for a in sys.argv])
     try:
-        _write_text(run_dir / COMPOSED, to_yaml(composed_tree))
-        _write_text(run_dir / RESOLVED, to_yaml(resolved_tree))
+        _write_text(run_dir / COMPOSED, to_yaml(secrets.redact(config_dict(composed))))
+        _write_text(run_dir / RESOLVED, to_yaml(secrets.redact(config_dict(resolved))))
         _write_text(run_dir / OVERRIDES, yaml.safe_dump(safe_overrides, default_flow_style=False))
+        attach_log(draft)
     except BaseException:
         abandon(draft)
         raise
     return draft
 
 
-def _scan_secrets(resolved: Config, overrides: list[str]) -> None:
-    secrets.scan_environment()
-    secrets.scan_overrides(overrides)
-    secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
-
-
 def register(draft: Draft) -> RunRecord:
     """Make the MLflow run of a prepared directory: provenance, the run with its params and tags,
     record.json, the record's artifacts. A failure deletes what it made and raises (the caller
     removes the directory: `abandon`)."""
-    from marin.track import sweep
 
     resolved, uri, run_dir = draft.resolved, draft.uri, draft.run_dir
-    _scan_secrets(resolved, draft.overrides)  # again: this may be the companion process
+    _scan_secrets(resolved, draft.overrides)  # again: this may be the tracking process
     safe_overrides = [secrets.redact_override(o) for o in draft.overrides]
     client, run_id, made_parent, sweep_tags = None, None, None, {}
     try:
@@ -344,12 +336,12 @@ def register(draft: Draft) -> RunRecord:
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
             if resolved.verify:
-                tags["verification_of"] = str(resolved.reproduce)  # marin/track/verify.py adds verify_result
+                tags["verification_of"] = str(resolved.reproduce)  # marin/launch/verify.py adds verify_result
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
         run_name = secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)
         run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
         _log_params(client, run_id, secrets.redact(config_dict(resolved)))
-        info = {"run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment": draft.experiment_name,
+        info = {"run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment": draft.experiment_name,
                 "experiment_id": exp_id, "name": resolved.run.name, "config_hash": draft.digest,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "schema_version": resolved.schema_version,
                 "seeds": {"train.seed": resolved.train.seed}, "overrides": safe_overrides,
@@ -362,9 +354,9 @@ def register(draft: Draft) -> RunRecord:
         if sweep_tags:
             sweep.note_child(rec, sweep_tags)
     except BaseException:
-        for made in (run_id, made_parent):
-            if made and client is not None:
-                _discard(client, made)
+        for made_run in (run_id, made_parent):
+            if made_run and client is not None:
+                _discard(client, made_run)
         if made_parent:
             shutil.rmtree(sweep_tags["sweep_dir"], ignore_errors=True)
         raise
@@ -372,71 +364,26 @@ def register(draft: Draft) -> RunRecord:
     return rec
 
 
-def abandon(draft: Draft) -> None:
-    """Remove a run directory whose MLflow run was not made (it holds only its config)."""
-    shutil.rmtree(draft.run_dir, ignore_errors=True)
-
-
-def opened(rec: RunRecord, draft: Draft) -> RunRecord:
-    """In the process that trains (its log lines already go to run.log): a sweep's launch learns
-    of its child."""
-    from marin.track import sweep
+def made(rec: RunRecord, draft: Draft) -> RunRecord:
+    """In the process that trains, once `register` returned: a sweep's launch learns of its child."""
 
     if draft.sweep is not None:
-        sweep.made_child(rec.run_id)
+        sweep.made_child(rec.run_id)  # a sweep's launch learns of its child
     return rec
 
 
-class RunNotMade(RuntimeError):
-    """The MLflow run of a pending record could not be made (its directory is removed)."""
+def abandon(draft: Draft) -> None:
+    """Remove a run directory whose MLflow run was not made (it holds only its config)."""
+    for handler in [h for h in logging.getLogger().handlers if getattr(h, "marin_run_log", False)]:
+        if Path(handler.baseFilename).parent == draft.run_dir:
+            detach_log(handler)
+    shutil.rmtree(draft.run_dir, ignore_errors=True)
 
 
-class PendingRecord:
-    """A run record whose MLflow run the companion is making (marin.track.tracker.create_in):
-    the directory is there (`run_dir`), `run_id` waits for the run, `ready()` returns the
-    RunRecord (or raises RunNotMade, the directory removed; if the companion died first, the run
-    is made here). Until then this process's log lines already go to the run's run.log."""
-
-    def __init__(self, draft: Draft, future, companion=None):
-        self.draft, self._future, self.companion = draft, future, companion
-        self._record: RunRecord | None = None
-        self._failed: BaseException | None = None
-        self.run_dir, self.tracking_uri, self.experiment_name = draft.run_dir, draft.uri, draft.experiment_name
-        self._log = attach_log(self)
-
-    @property
-    def run_id(self) -> str:
-        return self.ready().run_id
-
-    @property
-    def is_made(self) -> bool:
-        return self._record is not None
-
-    def ready_to_read(self) -> bool:
-        """Whether `ready()` would return (or raise) at once."""
-        return self._record is not None or self._failed is not None or self._future.done()
-
-    def ready(self) -> RunRecord:
-        if self._failed is not None:
-            raise self._failed
-        if self._record is None:
-            from marin.track.companion import CompanionGone
-
-            try:
-                try:
-                    rec = self._future.result()
-                except CompanionGone:  # it died: make the run here instead
-                    log.warning("the tracking companion process ended; the MLflow run is made here")
-                    rec = register(self.draft)
-            except BaseException as err:
-                detach_log(self._log)
-                abandon(self.draft)
-                if isinstance(err, Exception):
-                    self._failed = RunNotMade(secrets.mask(str(err).splitlines()[0] if str(err) else type(err).__name__))
-                    raise self._failed from None
-                raise
-            self._record = opened(rec, self.draft)
-        return self._record
+def _scan_secrets(resolved: Config, overrides: list[str]) -> None:
+    secrets.scan_environment()
+    secrets.scan_overrides(overrides)
+    secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
 
 
 def attach_log(rec) -> logging.Handler:
@@ -459,7 +406,7 @@ def attach_log(rec) -> logging.Handler:
 
 def to_run_log(line: str, name: str = "marin.train") -> None:
     """`line` into run.log only (masked), not stderr: for what is printed there otherwise, like
-    the progress bar's eval lines and its last state (marin.train.loop._progress)."""
+    the progress bar's eval lines and its last state (marin.train.components.MetricLogger)."""
     entry = logging.LogRecord(name, logging.INFO, __file__, 0, line, None, None)
     for handler in logging.getLogger().handlers:
         if getattr(handler, "marin_run_log", False):
@@ -516,8 +463,8 @@ def open(ref: str | os.PathLike, tracking_uri: str | None = None, out_dir: Path 
     try:
         run = backend.client(uri).get_run(ref)
     except Exception as err:  # MlflowException: RESOURCE_DOES_NOT_EXIST, or a bad id
-        raise RecordError(f"{ref}: neither a run directory nor an MLflow run id in {backend.safe_uri(uri)} "
-                          f"({str(err).splitlines()[0]})") from None
+        raise RecordError(f"{ref}: neither a run directory nor an MLflow run id in {secrets.safe_uri(uri)} "
+                          f"({first_line(err)})") from None
     run_dir = run.data.tags.get("run_dir")
     if not run_dir:
         raise RecordError(f"MLflow run {ref} has no run_dir tag: it was not made by marin")
@@ -536,5 +483,5 @@ def _from_dir(run_dir: Path, tracking_uri: str | None) -> RunRecord:
         return RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])
     except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
         raise RecordError(f"{run_dir / INFO} is damaged or truncated ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); restore it from the MLflow "
+                          f"{first_line(err)}); restore it from the MLflow "
                           f"run's record/ artifacts") from None

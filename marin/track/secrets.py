@@ -77,11 +77,6 @@ def known() -> frozenset[str]:
     return frozenset(_known)
 
 
-def forget_all() -> None:
-    """Tests only: start from no remembered values."""
-    _known.clear()
-
-
 def mask(text: str) -> str:
     """`text` with every remembered secret and every URI password replaced by <redacted>."""
     if not isinstance(text, str) or not text:

@@ -29,8 +29,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from marin.config.schema import Config
-from marin.track import backend
+from marin.config.schema import Config, RunConfig
+from marin.track import backend, secrets
+from marin.track.errors import first_line
 
 PARENT, CHILD = "parent", "child"
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
@@ -153,7 +154,7 @@ def membership(cfg: Config, overrides: list[str]) -> Membership | None:
     swept = swept_values()
     expected = math.prod(len(v) for v in swept.values()) if swept and any(
         a in ("-m", "--multirun") for a in sys.argv) else None
-    own = [backend.redact_override(o) for o in overrides if _key(o) in swept]
+    own = [secrets.redact_override(o) for o in overrides if _key(o) in swept]
     return Membership(name, sid, _sweep_dir(cfg, name, sid), swept, own, expected, backend.experiment_name(cfg))
 
 
@@ -211,7 +212,7 @@ def _create_parent(client, exp_id, member: Membership, uri: str) -> str:
         tags["expected_jobs"] = str(member.expected)
     run_id = client.create_run(exp_id, tags=tags, run_name=f"{member.name}-{member.sweep_id}").info.run_id
     member.folder.mkdir(parents=True, exist_ok=True)
-    info = {"parent_run_id": run_id, "tracking_uri": backend.safe_uri(uri), "experiment_id": exp_id,
+    info = {"parent_run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment_id": exp_id,
             "experiment": member.experiment, "sweep": member.name, "sweep_id": member.sweep_id,
             "params": member.swept, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (member.folder / "sweep.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -334,8 +335,6 @@ def close_if_done(client, parent_id: str) -> str | None:
 
 
 def sweeps_root(out_dir: str | None = None) -> Path:
-    from marin.config.schema import RunConfig
-
     return backend.out_dir(Config(run=RunConfig(out_dir=out_dir)) if out_dir else Config()) / "sweeps"
 
 
@@ -371,7 +370,7 @@ def open_parent(ref: str, tracking_uri: str | None = None, out_dir: str | None =
     try:
         parent = client.get_run(ref)
     except Exception as err:
-        raise SweepNotFound(f"{ref}: no such run in {backend.safe_uri(uri)} ({str(err).splitlines()[0]})") from None
+        raise SweepNotFound(f"{ref}: no such run in {secrets.safe_uri(uri)} ({first_line(err)})") from None
     if parent.data.tags.get("sweep_role") != PARENT:
         raise SweepNotFound(f"{ref}: not the parent run of a sweep")
     return client, parent

@@ -99,8 +99,8 @@ def abstract_state(cfg):
     """The train state's structure for `cfg` (shapes and dtypes only; nothing is allocated)."""
     import jax
 
-    from marin.optim import build_optimizer
-    from marin.train.state import init_state
+    from marin.optim import build_optimizer  # JAX: init_from (launch.checks) lists checkpoints on the config path
+    from marin.train.state import init_state  # JAX
 
     tx = build_optimizer(cfg)
     return jax.eval_shape(lambda k: init_state(cfg, tx, k), jax.random.key(0))
@@ -338,10 +338,6 @@ class Checkpointer:
         self._manager.reload()
         return self._manager.latest_step()
 
-    def all_steps(self) -> list[int]:
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
-
     def set_aside(self) -> list[str]:
         """Names of checkpoints set aside as damaged."""
         return set_aside_steps(self.directory)
@@ -350,6 +346,10 @@ class Checkpointer:
         """The config's regular saves: every `every_steps`, and each permanent step."""
         every, permanent = self.cfg.every_steps, self.cfg.permanent_every
         return (every > 0 and step % every == 0) or (permanent > 0 and step % permanent == 0)
+
+    def due(self, step: int, rolling: bool = False) -> bool:
+        """Whether the loop saves at `step`: a regular save, or a rolling one (`time_due`, agreed)."""
+        return rolling or self.should_save(step)
 
     def time_due(self) -> bool:
         """Whether this process's clock says a rolling checkpoint is due (`every_minutes`). Only

@@ -4,7 +4,7 @@ A stage experiment continues another run's state: the hero's 8K stage starts fro
 run at 50% (`train.init_from=<hero run>@195125`), the 65K stage near the end. Without `@<step>`
 the source's newest checkpoint is used; with it, the newest checkpoint at or below that step
 (checkpoints are taken every so many steps, so the asked step need not be one). `verify_steps`
-(marin/track/verify.py) starts a window replay the same way.
+(marin/launch/verify.py) starts a window replay the same way.
 
 `locate` runs during validation, before anything is written: a malformed step, a source without
 checkpoints, or a step below its first checkpoint is a `train.init_from` error (exit 2). Pure
@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from marin.config.paths import project_path
+from marin.track import backend, record
+from marin.train.checkpoint import listed_steps
 
 SEP = "@"
 
@@ -54,13 +58,11 @@ def split(spec: str) -> tuple[str, int | None]:
 def _checkpoints(ref: str, tracking_uri: str | None, out_dir: Path | None) -> Path:
     """The checkpoints directory of a run directory (or the directory itself), a run name under
     <out_dir>/runs/, or an MLflow run id (its run_dir tag)."""
-    from marin.config.store import project_path
 
     for candidate in (Path(ref).expanduser(), project_path(ref)):
         if candidate.is_dir():
             candidate = candidate.resolve()
             return candidate if candidate.name == "checkpoints" else candidate / "checkpoints"
-    from marin.track import record
 
     try:
         return record.open(ref, tracking_uri=tracking_uri, out_dir=out_dir).run_dir / "checkpoints"
@@ -70,7 +72,6 @@ def _checkpoints(ref: str, tracking_uri: str | None, out_dir: Path | None) -> Pa
 
 def locate(spec: str, tracking_uri: str | None = None, out_dir: Path | None = None) -> Start:
     """The checkpoint `spec` names; raises InitFromError (one line) when there is none."""
-    from marin.train.checkpoint import listed_steps
 
     ref, asked = split(spec)
     directory = _checkpoints(ref, tracking_uri, out_dir)
@@ -93,9 +94,10 @@ def _shown(steps: list[int]) -> str:
 def problems(cfg) -> list[tuple[str, str]]:
     """validate's check of `train.init_from`: its form always, its checkpoint unless a dry run
     (a dry run plans on any machine, as for data paths)."""
-    from marin.track import backend
 
     spec = cfg.train.init_from
+    if not spec:
+        return []
     try:
         if cfg.dry_run:
             split(spec)

@@ -4,12 +4,15 @@ per step (`poll`).
 Slurm sends USR2 `hardware.signal_delay_s` before the time limit (submitit's `--signal`), and
 SIGTERM (then USR2, as submitit's `_interrupt` does) when a job is preempted. Acting inside the
 signal handler could interrupt a collective or a half-dispatched step, so the handler only sets
-a flag; the loop then checkpoints at a step boundary and calls `requeue()`:
+a flag; at each step boundary the loop (`marin.train.trainer`) asks `poll()`, which gives every
+process the same answer, and on a signal checkpoints and then requeues or stops:
 
-    if preempt.requested():                    # every process agrees on the same step
+    signum, rolling = preempt.poll(ckpt.time_due())   # every process agrees on the same step
+    if signum:
         ckpt.save(step, state, meta, force=True); ckpt.wait()
-        preempt.requeue()                      # under Slurm: requeue the job and exit
-        return                                 # (only reached outside Slurm)
+        if preempt.requeues(signum):
+            preempt.requeue()                  # under Slurm: requeue the job and exit
+        raise Stopped(signum, step)            # the run ends with exit_code(signum)
 
 The requeued job starts the same submitted function again; it restores the newest complete
 checkpoint of the same run directory and logs to the same MLflow run.
@@ -61,14 +64,6 @@ def install(max_requeues: int = 3) -> None:
         signal.signal(sig, _on_signal)
 
 
-def trigger(signum: int = signal.SIGTERM) -> None:
-    """Ask for a checkpoint-and-stop as a signal would (tests, or code that sees a deadline)."""
-    global _received
-    if not _flag.is_set():
-        _received = int(signum)
-    _flag.set()
-
-
 def reset() -> None:
     global _received
     _flag.clear()
@@ -100,24 +95,6 @@ def requeues(signum: int) -> bool:
 def exit_code(signum: int) -> int:
     """The shell's convention for a process ended by a signal: 128 + its number."""
     return 128 + int(signum)
-
-
-def _any_process(flag: bool) -> bool:
-    """True if any process of the job saw a signal: they must all stop at the same step, or the
-    checkpoint's collective writes would wait forever for the processes that did not."""
-    import jax
-
-    if jax.process_count() == 1:
-        return flag
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.array([flag], dtype=np.int32))))
-
-
-def requested() -> bool:
-    """Whether the run should checkpoint and stop now (one small collective with several processes)."""
-    return _any_process(_flag.is_set())
 
 
 def under_slurm() -> bool:

@@ -25,9 +25,11 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from marin.model import routers, transformer
+from marin.model.mesh import BATCH_AXES
 
 # Leaves that hold one slice per routed expert on axis 1 (after the stacked-layer axis): they are
 # split over the mesh's `expert` axis; so are the optimizer moments that mirror them.
@@ -138,6 +140,5 @@ def check_host_memory(devices=None) -> str | None:
 
 
 def batch_sharding(mesh):
-    from marin.launch.mesh import BATCH_AXES
 
     return NamedSharding(mesh, P(BATCH_AXES))

@@ -13,17 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from marin.config.derive import batch_shards
 from marin.model import routers, transformer
 from marin.optim import build_optimizer
+from marin.optim.hparams import structure_key, values
 from marin.optim.muonh import fetch, on_host, per_layer
-from marin.train.state import TrainState
+from marin.train.state import TrainState, batch_sharding
 
 SCALARS = ("loss", "ce", "z_loss", "aux_loss", "dropped_frac", "load_spread")
 
 
 def num_microbatches(cfg) -> int:
     """Micro-batches per step: the global batch over what the devices hold in one forward."""
-    from marin.config.derive import batch_shards
 
     return cfg.train.global_batch // (cfg.train.micro_batch * batch_shards(cfg.hardware))
 
@@ -130,7 +131,6 @@ def jit_steps(cfg, tx, mesh, shardings):
     train_step(state, batch, hp) takes the optimizer's numbers `hp` (`hyperparams(cfg)`) as an
     input: configs differing only in those share one jitted step in this process (memoised on
     `marin.optim.hparams.structure_key`) and one program in the persistent compilation cache."""
-    from marin.optim.hparams import structure_key
 
     leaves, treedef = jax.tree.flatten(shardings)
     key = (structure_key(cfg), mesh, treedef, tuple(leaves))
@@ -146,7 +146,6 @@ _JITTED: dict = {}
 def _jit_steps(cfg, tx, mesh, shardings):
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from marin.train.state import batch_sharding
 
     batch_spec = batch_sharding(mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -160,7 +159,6 @@ def hyperparams(cfg, mesh):
     """The train step's `hp` input of `cfg`, replicated over `mesh` (built once per run)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from marin.optim.hparams import values
 
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, replicated, lambda idx: x[idx]),

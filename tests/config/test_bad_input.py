@@ -114,7 +114,8 @@ def test_closed_stdout_ends_quietly(tmp_path):
 
 
 def test_a_context_extension_stage_needs_its_starting_checkpoint():
-    from marin.config.validate import ConfigError, load
+    from marin.config.validate import ConfigError
+    from marin.launch.checks import load
     from tests.helpers import compose_dict
 
     with pytest.raises(ConfigError, match="train.init_from"):

@@ -65,7 +65,8 @@ def test_no_schema_option_in_any_group():
 
     from hydra import initialize_config_dir
 
-    from marin.config.store import CONF_DIR, register
+    from marin.config.paths import CONF_DIR
+    from marin.config.store import register
     from tests.helpers import compose_dict
 
     register()
@@ -82,7 +83,7 @@ def test_help_lists_no_schema_and_option_files_are_typed(tmp_path):
     import subprocess
     import sys
 
-    from marin.config.store import PROJECT_ROOT
+    from marin.config.paths import PROJECT_ROOT
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "typo.yaml").write_text("name: typo\nd_modle: 64\n")

@@ -88,7 +88,7 @@ def test_ladder_rung_matches_the_published_size(name):
     assert (m.num_experts, cfg.router.top_k, m.num_shared_experts, a.window) == (384, 8, 2, 2048)
     assert (cfg.optim.name, cfg.train.seq_len) == ("muonh", 4096)
     assert cfg.train.global_batch == 1024 * racks
-    assert (cfg.hardware.mesh.replica_dcn, p["devices"]) == (racks, 64 * racks)
+    assert (cfg.hardware.racks, cfg.hardware.mesh.replica_dcn, p["devices"]) == (racks, racks, 64 * racks)
 
 
 def test_context_stages_rescale_qk_mult_by_the_rule():

@@ -23,6 +23,7 @@ def test_validation_does_not_import_jax():
 
 def test_cfg_job_does_not_import_jax():
     probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', '--cfg', 'job']\n"
+             "import marin.cli  # its exit handler ends the process: the probe registers after it, so runs before it\n"
              "atexit.register(lambda: print('jax' in sys.modules, file=sys.stderr))  # launch.py exits at once\n"
              "runpy.run_path('launch.py', run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
@@ -35,6 +36,7 @@ def test_dry_run_config_prints_the_resolved_yaml_without_jax():
     import yaml
 
     probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', 'model=tiny', 'train.steps=auto', 'dry_run=config']\n"
+             "import marin.cli  # its exit handler ends the process: the probe registers after it, so runs before it\n"
              "atexit.register(lambda: print('jax' in sys.modules, file=sys.stderr))  # launch.py exits at once\n"
              "runpy.run_path('launch.py', run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)

@@ -1,8 +1,8 @@
 """Every numeric leaf of the schema, set to NaN, ∞, −1, 0 and 10¹²: either refused with a message
 naming the leaf, or a config that validates and plans (`dry_run`) without crashing.
 
-The leaves come from walking the dataclasses of marin/config/schema.py (nested ones included), so
-a field added later is covered without editing this file. Composing once and setting each value
+The leaves come from walking the fields of marin/config/schema.py (nested dataclasses included)
+and the range each carries, so a field added later is covered without editing this file. Composing once and setting each value
 on a copy is what Hydra does with a `key=value` override (OmegaConf's typed assignment), only
 without composing ~400 times; tests/config/test_bad_input.py proves the same refusals through
 `launch.py` (one line, exit 2, nothing written).
@@ -15,26 +15,32 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from marin.config import ranges
-from marin.config.validate import ConfigError, load
+from marin.config import fields
+from marin.config.schema import Config
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
 from marin.launch.plan import print_plan
 from tests.helpers import compose_dict
 
 VALUES = (math.nan, math.inf, -1, 0, 1e12)
 
 
-def test_every_numeric_leaf_has_a_range_and_nested_ones_are_walked():
-    names = [leaf.name for leaf in ranges.numeric_leaves()]
-    assert [n for n in names if n not in ranges.RANGES] == [], "add these fields to marin/config/ranges.py"
-    assert sorted(set(ranges.RANGES) - set(names)) == [], "RANGES names fields the schema does not have"
+def test_the_walk_reaches_nested_and_auto_leaves_with_their_rules():
+    leaves = {leaf.name: leaf for leaf in fields.leaves(Config)}
+    numeric = {leaf.name for leaf in fields.numeric_leaves(Config)}
     assert {"hardware.mesh.expert", "hardware.mesh.data", "train.checkpoint.every_minutes",
             "hardware.memory_per_device_gib", "hardware.memory_usable_fraction", "schema_version",
-            "train.steps", "optim.b2"} <= set(names)
+            "train.steps", "optim.b2"} <= numeric
+    assert leaves["train.steps"].auto and leaves["train.steps"].range.integer      # auto or an integer
+    assert leaves["optim.b2"].auto and not leaves["optim.b2"].range.integer        # auto or a real number
+    assert leaves["optim.grad_clip"].nullable and leaves["hardware.mesh.data"].auto
+    assert "qb" in leaves["router.kind"].allowed() and leaves["model.ep_transport"].allowed() == ("fixed", "pooled", "ragged")
+    assert all(leaf.help for leaf in leaves.values() if leaf.range or leaf.choices), "a rule without a help line"
 
 
 def _setting(leaf, value):
     """The value as Hydra would parse it from the command line (`1e12` on an int leaf is `1000000000000`)."""
-    if leaf.integer and math.isfinite(value):
+    if leaf.range.integer and math.isfinite(value):
         return int(value)
     return value
 
@@ -42,7 +48,7 @@ def _setting(leaf, value):
 def test_every_numeric_leaf_is_refused_by_name_or_plans():
     base = compose_dict("model=tiny")
     wrong, accepted = [], []
-    for leaf in ranges.numeric_leaves():
+    for leaf in fields.numeric_leaves(Config):
         for value in VALUES:
             cfg = base.copy()
             try:

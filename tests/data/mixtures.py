@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from marin.config.schema import DataConfig, EvalSetConfig, SourceConfig
-from marin.config.validate import load, to_config
+from marin.config.validate import to_config
+from marin.launch.checks import load
 from tests.helpers import compose_dict
 
 

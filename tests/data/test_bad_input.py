@@ -5,7 +5,9 @@ import dataclasses
 
 import pytest
 
-from marin.config.validate import ConfigError, load
+from marin.config.validate import ConfigError
+
+from marin.launch.checks import load
 from marin.data.loader import Loader
 from tests.data.mixtures import composed, resolved, write_jsonl
 

@@ -113,7 +113,7 @@ def test_prepare_is_composed_as_launch_py(tmp_path, capsys):
     import subprocess
     import sys
 
-    from marin.config.store import PROJECT_ROOT
+    from marin.config.paths import PROJECT_ROOT
 
     write_jsonl(tmp_path / "a.jsonl", ["mine"] * 4)
     (tmp_path / "conf" / "data").mkdir(parents=True)

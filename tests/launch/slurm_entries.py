@@ -10,7 +10,7 @@ def probe(cfg, rec):
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import init_state, state_sharding
 

@@ -84,7 +84,7 @@ def stopped_run(tmp_path_factory):
     import signal
 
     from tests.helpers import compose_dict
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from marin.track import record
     from marin.train.loop import train
 
@@ -108,7 +108,7 @@ def _copy_into_new_run(rec, tmp_path):
     import shutil
 
     from tests.helpers import compose_dict
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from marin.track import record
 
     overrides = record.RunRecord(rec.run_dir, rec.run_id, rec.tracking_uri, rec.experiment_name).overrides()
@@ -167,7 +167,7 @@ def test_nan_right_after_a_restore_names_the_checkpoint(stopped_run, tmp_path, c
     from omegaconf import OmegaConf
 
     from marin.config.schema import Config
-    from marin.config.validate import load
+    from marin.launch.checks import load
 
     copy = _copy_into_new_run(stopped_run, tmp_path)
     _, cfg = load(OmegaConf.merge(OmegaConf.structured(Config), copy.composed()))

@@ -9,7 +9,7 @@ import pytest
 
 from marin.launch import slurm
 from marin.launch.distributed import check_gpu_install, process_environment
-from marin.launch.mesh import MeshError, check_mesh
+from marin.model.mesh import MeshError, check_mesh
 from tests.helpers import make_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +21,28 @@ def launch(*args: str, env=None) -> subprocess.CompletedProcess:
                           timeout=180, env=env)
 
 
-@pytest.mark.parametrize("name", ["local_cpu", "local_cpu8", "slurm_cpu", "h200_node", "gb200_nvl72", "gb200_nvl72x11"])
+@pytest.mark.parametrize("name", ["local_cpu", "local_cpu8", "slurm_cpu", "h200_node", "gb200_nvl72"])
 def test_every_hardware_composes(name):
-    model = {"h200_node": "model=small", "gb200_nvl72": "model=mochi", "gb200_nvl72x11": "model=mochi"}.get(name, "model=tiny")
-    batch = {"gb200_nvl72": "train.global_batch=1024", "gb200_nvl72x11": "train.global_batch=11264"}.get(name, "train.global_batch=16")
+    model = {"h200_node": "model=small", "gb200_nvl72": "model=mochi"}.get(name, "model=tiny")
+    batch = {"gb200_nvl72": "train.global_batch=1024"}.get(name, "train.global_batch=16")
     cfg = make_config(f"hardware={name}", model, batch, "dry_run=true")
     assert cfg.hardware.name == name
+
+
+def test_racks_multiply_the_nodes_slurm_gets_and_are_the_replicas():
+    cfg = make_config("hardware=gb200_nvl72", "hardware.racks=3", "model=mochi", "train.global_batch=3072",
+                      "dry_run=true")
+    hw, p = cfg.hardware, slurm.slurm_parameters(cfg)
+    assert (hw.racks, hw.nodes, p["nodes"], p["ntasks_per_node"]) == (3, 16, 48, 4)  # the TOTAL node count
+    assert (hw.mesh.replica_dcn, hw.mesh.data, hw.mesh.expert) == (3, 1, 64)
+    assert "48 nodes × 4 tasks = 192 processes (192 GPUs)" in slurm.describe(cfg)
+
+
+def test_a_config_without_racks_keeps_its_total_nodes():
+    """Configs saved before `racks` existed name the job's total nodes; racks defaults to 1."""
+    cfg = make_config("hardware=gb200_nvl72", "hardware.nodes=176", "hardware.mesh.replica_dcn=11",
+                      "model=mochi", "train.global_batch=11264", "dry_run=true")
+    assert (cfg.hardware.racks, slurm.slurm_parameters(cfg)["nodes"], cfg.hardware.mesh.replica_dcn) == (1, 176, 11)
 
 
 def test_slurm_cpu_is_two_one_cpu_tasks_on_the_default_partition():
@@ -54,7 +70,7 @@ def test_gpu_request_is_one_task_per_gpu_and_every_field_reaches_sbatch():
 
 def test_hero_dry_run_describes_176_nodes_of_4_gpus():
     text = slurm.describe(make_config(*HERO))
-    assert "176 nodes × 4 tasks = 704 processes (704 GPUs)" in text
+    assert "176 nodes × 4 tasks = 704 processes (704 GPUs)" in text and "11 racks of 16 nodes" in text
     assert "per node: 4 GPUs" in text and "time limit 1440 min" in text
 
 

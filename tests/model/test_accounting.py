@@ -37,7 +37,7 @@ def _leaf_shapes(cfg) -> dict[str, tuple[int, ...]]:
 def test_all_leaves_matches_the_model(name):
     cfg = make_config("model=tiny", *CONFIGS[name])
     sizes = _leaf_sizes(cfg)
-    assert sum(sizes.values()) == accounting.all_leaves(cfg)
+    assert sum(sizes.values()) == accounting.all_leaves_of(accounting.Shapes.of(cfg))
     # Leaf by leaf too: the table the optimizer-group and memory plans are built from.
     # shapes too: the memory plan shards leaves by their dims as marin/train/state.py does
     table = {leaf.path: leaf.shape for leaf in accounting.leaves_of(accounting.Shapes.of(cfg))}

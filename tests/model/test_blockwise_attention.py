@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from marin.config import derive
-from marin.config.validate import ConfigError, load
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
 from marin.model import blockwise_attention as bw
 from marin.model import transformer
 from marin.model.attention import Attention, cudnn_attention, reference_attention

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marin.launch.mesh import make_mesh
+from marin.model.mesh import make_mesh
 from marin.model.moe import MoE
 from tests.helpers import make_config
 

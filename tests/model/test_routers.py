@@ -126,3 +126,39 @@ def test_other_routers_report_zero_beta(router):
     _, _, logits = _skewed_logits()
     _, _, stats = routers.route(logits, jnp.zeros(E), _cfg(router))
     assert float(jnp.abs(stats["beta"]).max()) == 0.0
+
+
+def test_a_new_router_is_its_yaml_and_its_registered_class(tmp_path):
+    """Adding a router: an option file (here in a search-path folder, as a site's conf/ would be)
+    and a class registered under its kind. Validation knows the kind without importing this code
+    path's JAX (the registry is pure Python), and the MoE routes with it."""
+    from marin.config.registry import ROUTERS
+    from marin.config.validate import ConfigError
+    from marin.launch.checks import load
+    from tests.helpers import compose_dict
+
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / "lowest.yaml").write_text("name: lowest\nkind: lowest\ntop_k: 2\ncombine: softmax\n")
+    overrides = ("model=tiny", f"model.num_experts={E}", f"hydra.searchpath=[file://{tmp_path}]", "router=lowest")
+    with pytest.raises(ConfigError) as err:   # a YAML outside conf/ and no code: the kind is unknown
+        load(compose_dict(*overrides))
+    (name, message), = err.value.problems
+    assert name == "router.kind" and message == "must be one of bias_update, qb, softmax_aux; got 'lowest'"
+
+    @routers.router("lowest")
+    class Lowest(routers.Router):  # the k experts with the smallest logits: nothing a real router does
+        def select(self, logits, biased, k, cfg, axis_names):
+            return super().select(logits, -logits, k, cfg, axis_names)
+
+    try:
+        _, cfg = load(compose_dict(*overrides))
+        assert cfg.router.kind == "lowest" and cfg.router.combine == "softmax"
+        _, _, logits = _skewed_logits()
+        idx, weights, stats = routers.route(logits, jnp.zeros(E), cfg)
+        np.testing.assert_array_equal(np.sort(idx, 1), np.sort(np.argsort(np.asarray(logits), 1)[:, :K], 1))
+        np.testing.assert_allclose(weights.sum(1), 1.0, rtol=1e-5)
+        state = routers.init_router_state(cfg)
+        assert float(jnp.abs(routers.router_bias(state, cfg)).sum()) == 0.0
+        assert routers.next_router_state(state, stats, cfg) is state
+    finally:
+        ROUTERS._impls.pop("lowest")  # noqa: SLF001 (other tests see the shipped routers only)

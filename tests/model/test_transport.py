@@ -72,7 +72,7 @@ def compare_transports() -> dict:
     """data=2 × expert=4, E=16, k=4, 64 tokens per device. Device 0 routes all its tokens to
     experts 0 and 1 first (both on peer 0): fixed drops them past C; pooled sends device 0's
     overflow for peer 0 in a second wave while the experts themselves have room."""
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.model import expert_parallel
     from marin.model.expert_parallel import routed_experts_ep
 
@@ -131,12 +131,12 @@ def test_pooled_is_near_dropless_where_fixed_drops_and_ragged_is_exact():
 def lower_hero_ragged() -> dict:
     """The hero's train step (mesh expert=64 on 64 forced host devices, one rack) with the
     ragged transport, lowered to StableHLO without compiling (XLA:CPU cannot compile the op)."""
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import init_state
     from marin.train.step import make_train_step
 
-    cfg = make_config("experiment=mochi_535b_a23b", "hardware=gb200_nvl72", "hardware.platform=cpu",
+    cfg = make_config("experiment=mochi_535b_a23b", "hardware=gb200_nvl72", "hardware.racks=1", "hardware.platform=cpu",
                       "hardware.launcher=local", "hardware.nodes=1", "hardware.tasks_per_node=1",
                       "hardware.gpus_per_node=0", "hardware.host_devices=64", "train.global_batch=1024",
                       "model.ep_transport=ragged", "dry_run=true")   # one rack: 16 × 4,096 tokens per device
@@ -163,7 +163,7 @@ def test_hero_train_step_lowers_with_the_ragged_transport():
 # --- evaluation with drops -----------------------------------------------------------------------
 
 def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one():
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.optim import build_optimizer
     from marin.train.state import init_state
     from marin.train.step import make_eval_step

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from marin.config.schema import DecayRule
-from marin.config.validate import ConfigError, load
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
 from marin.optim import build_optimizer, lr_at, param_groups
 from marin.optim.decay import coefficient, rule_schedule
 from marin.optim.groups import path_names

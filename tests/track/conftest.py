@@ -3,7 +3,7 @@ tables takes seconds; each test uses its own run names)."""
 import pytest
 
 from tests.helpers import compose_dict
-from marin.config.validate import load
+from marin.launch.checks import load
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,8 @@ def multirun_job(store):
     from hydra.types import RunMode
     from omegaconf import open_dict
 
-    from marin.config.store import CONF_DIR, register
+    from marin.config.paths import CONF_DIR
+    from marin.config.store import register
 
     def make(num: int, *extra: str):
         overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}",
@@ -68,8 +69,9 @@ def lr_sweep_parent(store, multirun_job, monkeypatch):
         runs = []
         for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
             rec = record.create(*multirun_job(i, f"run.sweep_id={sweep_id}", f"optim.lr={lr}"))
-            with tracker.Tracker(rec) as t:
-                t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
+            t = tracker.Tracker(rec)
+            t.log_metrics({"eval/macro_loss": 3.0 + i}, 4)
+            t.finish()
             runs.append(rec.run_id)
         return MlflowClient(store["uri"]).get_run(runs[0]).data.tags["mlflow.parentRunId"]
     return make

@@ -23,9 +23,10 @@ def _ladder(multirun_job, monkeypatch, sweep_id: str, law):
             f"model={{name:rung_d{d},d_model:{d},num_layers:{layers}}}")
         rec = record.create(composed, resolved, overrides)
         per_step = forecast.training_flops_per_step(resolved)
-        with tracker.Tracker(rec) as t:
-            for step in range(2, STEPS + 1, 2):
-                t.log_metrics({"eval/macro_loss": law(per_step * step)}, step)
+        t = tracker.Tracker(rec)
+        for step in range(2, STEPS + 1, 2):
+            t.log_metrics({"eval/macro_loss": law(per_step * step)}, step)
+        t.finish()
         recs.append(rec)
     return recs
 
@@ -123,7 +124,8 @@ def test_prediction_band_from_the_regression():
 def test_an_lr_sweep_is_refused_on_the_command_line(store, lr_sweep_parent, capsys):
     parent_id = lr_sweep_parent("fc-lr")
     client = MlflowClient(store["uri"])
-    assert forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768"]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a ladder: 3 run(s) at 1 distinct compute scale(s)" in err
     assert not client.list_artifacts(parent_id, "forecast") and not client.get_run(parent_id).data.metrics

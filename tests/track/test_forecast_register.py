@@ -10,7 +10,8 @@ import pytest
 from mlflow import MlflowClient
 
 from marin import forecast
-from marin.config.validate import ConfigError, load
+from marin.config.validate import ConfigError
+from marin.launch.checks import load
 from marin.model import accounting
 from marin.track import forecast_check, record
 from tests.helpers import compose_dict, make_config
@@ -51,7 +52,8 @@ def test_register_refuses_a_non_ladder_and_writes_nothing(store, lr_sweep_parent
     parent_id = lr_sweep_parent("fc-reg-lr")
     path = tmp_path / "lr.yaml"
     argv = [parent_id, "--tracking-uri", store["uri"], "--target", TARGET, "--register", str(path)]
-    assert forecast.main(argv) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        forecast.main(argv)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a ladder" in err and not path.exists()
 

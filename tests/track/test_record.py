@@ -5,7 +5,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from marin.track import backend, record
+from marin.track import backend, record, secrets
 from marin.track.backend import TrackingUnavailable
 
 
@@ -28,7 +28,7 @@ def test_create_writes_directory_and_mlflow_run(configure, store, monkeypatch):
     assert run.data.params["optim.lr"] == "0.002"
     assert run.data.params["model.d_model"] == "64"
     assert run.data.params["data.phase_names"] == '["pretrain"]'   # lists are stringified
-    assert run.data.params["hardware.env.HF_TOKEN"] == backend.REDACTED
+    assert run.data.params["hardware.env.HF_TOKEN"] == secrets.REDACTED
     assert run.data.tags["config_hash"] == record.config_hash(resolved)
     assert run.data.tags["run_dir"] == str(rec.run_dir)
     assert run.data.tags["git_dirty"] in ("true", "false")
@@ -94,7 +94,7 @@ def test_open_errors(configure, store, tmp_path):
 
 def test_default_uri_is_absolute_sqlite_under_out_dir(monkeypatch):
     from tests.helpers import make_config
-    from marin.config.store import PROJECT_ROOT
+    from marin.config.paths import PROJECT_ROOT
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = backend.tracking_uri(make_config("model=tiny"))

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 
 from marin import report
 from marin.track import expert_load
+from marin.track import report as track_report
 from tests.trained import tiny_run
 
 RUN_SECTIONS = {"summary", "losses", "learning-rate", "grad-norm", "dropped", "expert-load", "throughput"}
@@ -55,7 +56,7 @@ def run(tmp_path_factory):
 
 def test_a_run_ends_with_its_report_in_the_directory_and_mlflow(run, tmp_path):
     rec, cfg = run
-    path = rec.run_dir / report.REPORT
+    path = rec.run_dir / track_report.REPORT
     page = Page(path.read_text())
     assert RUN_SECTIONS <= set(page.sections)
     # every section but the forecast note has a plot: 6 sections with data + the throughput plot
@@ -63,8 +64,8 @@ def test_a_run_ends_with_its_report_in_the_directory_and_mlflow(run, tmp_path):
     check_self_contained(page)
     assert "FINISHED" in "".join(page.text)
     artifacts = {a.path for a in MlflowClient(rec.tracking_uri).list_artifacts(rec.run_id)}
-    assert {report.REPORT, expert_load.FILE} <= artifacts
-    downloaded = MlflowClient(rec.tracking_uri).download_artifacts(rec.run_id, report.REPORT, str(tmp_path))
+    assert {track_report.REPORT, expert_load.FILE} <= artifacts
+    downloaded = MlflowClient(rec.tracking_uri).download_artifacts(rec.run_id, track_report.REPORT, str(tmp_path))
     assert Page(open(downloaded).read()).sections == page.sections
 
 
@@ -78,7 +79,7 @@ def test_the_report_renders_offline_in_a_real_browser(run, tmp_path):
         message = "no headless chromium here (scripts/browser_install.sh installs it)"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
     rec, _ = run
-    url = (rec.run_dir / report.REPORT).as_uri()
+    url = (rec.run_dir / track_report.REPORT).as_uri()
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
               f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
@@ -124,12 +125,12 @@ def test_a_resumed_run_keeps_the_snapshots_before_its_start(tmp_path):
 def test_forecast_band_is_drawn_when_the_run_has_one(run, tmp_path):
     rec, _ = run
     client = MlflowClient(rec.tracking_uri)
-    before = Page((rec.run_dir / report.REPORT).read_text())
+    before = Page((rec.run_dir / track_report.REPORT).read_text())
     assert "no registered forecast" in "".join(before.text)
     for step in (0, 2, 4):
-        client.log_metric(rec.run_id, report.FORECAST["predicted"], 6.0 - 0.1 * step, step=step)
-        client.log_metric(rec.run_id, report.FORECAST["lower"], 5.8 - 0.1 * step, step=step)
-        client.log_metric(rec.run_id, report.FORECAST["upper"], 6.2 - 0.1 * step, step=step)
+        client.log_metric(rec.run_id, track_report.FORECAST["predicted"], 6.0 - 0.1 * step, step=step)
+        client.log_metric(rec.run_id, track_report.FORECAST["lower"], 5.8 - 0.1 * step, step=step)
+        client.log_metric(rec.run_id, track_report.FORECAST["upper"], 6.2 - 0.1 * step, step=step)
     out = tmp_path / "with_forecast.html"
     assert report.main([str(rec.run_dir), "--out", str(out), "--no-log"]) == 0
     after = Page(out.read_text())
@@ -155,17 +156,18 @@ def test_a_sweeps_jobs_side_by_side(run, tmp_path, capsys):
     out_dir = rec.run_dir.parent.parent
     assert report.main([parent, "--tracking-uri", rec.tracking_uri, "--out-dir", str(out_dir)]) == 0
     path = capsys.readouterr().out.split("report: ", 1)[1].strip()
-    assert path == str(tmp_path / "lr_grid-abc" / report.REPORT)
+    assert path == str(tmp_path / "lr_grid-abc" / track_report.REPORT)
     page = Page(open(path).read())
     assert {"summary", "jobs", "losses", "eval-losses"} <= set(page.sections)
     text = "".join(page.text)
     assert "lr=1e-3" in text and "lr=3e-3" in text and "optim.lr=3e-3" in text
     check_self_contained(page)
-    assert report.REPORT in {a.path for a in client.list_artifacts(parent)}
+    assert track_report.REPORT in {a.path for a in client.list_artifacts(parent)}
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
-    assert report.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "r.html")]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        report.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "r.html")])
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "r.html").exists()

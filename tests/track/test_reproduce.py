@@ -8,15 +8,15 @@ import yaml
 from mlflow import MlflowClient
 
 from marin import diff
-from marin.config.store import PROJECT_ROOT
+from marin.config.paths import PROJECT_ROOT
+from marin.launch.reproduce import ReproduceError, recompose
 from marin.track import record
-from marin.track.reproduce import ReproduceError, recompose
 
 
 @pytest.fixture(scope="module")
 def source(store):
     from tests.helpers import compose_dict
-    from marin.config.validate import load
+    from marin.launch.checks import load
 
     overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
                  "optim.lr=0.002", "train.seed=7", "run.name=src"]
@@ -60,7 +60,7 @@ def test_conf_edits_since_the_run_do_not_leak_in(source, caplog):
     def widen_capacity(tree):
         tree["model"]["capacity_factor"] = 2.0   # the saved run used 2.0; conf/ now says 1.25
     edited = _edit_saved(source, widen_capacity)
-    with caplog.at_level(logging.WARNING, logger="marin.track"):
+    with caplog.at_level(logging.WARNING, logger="marin.launch"):
         _, resolved, _ = recompose(str(edited), [])
     assert resolved.model.capacity_factor == 2.0
     assert any("model.capacity_factor" in r.message for r in caplog.records)
@@ -112,7 +112,8 @@ def test_diff_lists_differing_leaves(source, store, capsys):
     assert diff.main([str(source.run_dir), other.run_id, "--tracking-uri", store["uri"]]) == 1
     assert "optim.lr" in capsys.readouterr().out
     assert diff.main([str(source.run_dir), str(source.run_dir)]) == 0
-    assert diff.main([str(source.run_dir), "/nope"]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        diff.main([str(source.run_dir), "/nope"])
 
 
 def test_warns_when_commit_or_packages_differ(source, caplog, tmp_path):
@@ -125,7 +126,7 @@ def test_warns_when_commit_or_packages_differ(source, caplog, tmp_path):
     info["git"]["commit"] = "0" * 40
     info["packages"]["jax"] = "0.0.1"
     (copy / "record.json").write_text(json.dumps(info))
-    with caplog.at_level(logging.WARNING, logger="marin.track"):
+    with caplog.at_level(logging.WARNING, logger="marin.launch"):
         recompose(str(copy), [])
     messages = " ".join(r.message for r in caplog.records)
     assert "git commit 000000000000" in messages and "jax 0.0.1 →" in messages
@@ -141,7 +142,7 @@ def test_every_hardware_option_round_trips(hardware, store):
     """reproduce= and resume= (dry runs: the hardware is absent) of a run on each shipped option
     give back its hardware, env included (a non-empty hardware.env was refused as schema drift)."""
     from tests.helpers import compose_dict
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from marin.launch.resume import resume
 
     overrides = [f"hardware={hardware}", *FITS_EVERY_RACK, f"tracking.uri={store['uri']}",
@@ -165,8 +166,9 @@ def _record_under_hydra(store, tmp_path, extra_dir, *overrides):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from marin.config.store import CONF_DIR, register
-    from marin.config.validate import load
+    from marin.config.paths import CONF_DIR
+    from marin.config.store import register
+    from marin.launch.checks import load
 
     overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={tmp_path}", *overrides]
     register()

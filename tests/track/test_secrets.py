@@ -13,10 +13,11 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from marin.config.schema import Config
-from marin.config.store import PROJECT_ROOT
+from marin.config.paths import PROJECT_ROOT
+from marin.launch.reproduce import ReproduceError, recompose
 from marin.track import record, secrets
 from marin.track.record import flatten
-from marin.track.reproduce import ReproduceError, recompose
+from marin.track.tracker import Tracker
 
 
 def everything_written(rec, uri: str, tmp_path) -> str:
@@ -81,13 +82,12 @@ def test_dict_override_and_new_names_never_written(configure, store, tmp_path, m
 
 
 def test_tracker_masks_tags_and_text(configure, store, tmp_path):
-    from marin.track.tracker import Tracker
-
     composed, resolved, overrides = configure("run.name=trk", "+hardware.env.HF_TOKEN=trktok-3301")
     rec = record.create(composed, resolved, overrides)
-    with Tracker(rec) as tracker:
-        tracker.set_tags({"note": "token is trktok-3301", "api_key": "k"})
-        tracker.log_text("summary.txt", "used trktok-3301 and http://u:upw-77@h/")
+    tracker = Tracker(rec)
+    tracker.set_tags({"note": "token is trktok-3301", "api_key": "k"})
+    tracker.log_text("summary.txt", "used trktok-3301 and http://u:upw-77@h/")
+    tracker.finish()
     text = everything_written(rec, store["uri"], tmp_path)
     assert "trktok-3301" not in text and "upw-77" not in text
 
@@ -100,7 +100,8 @@ def test_run_directory_stays_inside_out_dir(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../../x", "/abs/name", "a/b", "tab\there", "${oc.env:HOME}"])
 def test_run_name_that_is_a_path_is_refused(name):
-    from marin.config.validate import ConfigError, load
+    from marin.config.validate import ConfigError
+    from marin.launch.checks import load
     from tests.helpers import compose_dict
 
     with pytest.raises(ConfigError, match="run.name: must be a plain folder name"):
@@ -110,7 +111,7 @@ def test_run_name_that_is_a_path_is_refused(name):
 # ---------------------------------------------------------------------------- resume
 
 def test_resume_with_a_secret_override_writes_no_secret(configure, store, tmp_path, monkeypatch):
-    from marin.launch import distributed, resume
+    from marin.launch import resume
     import marin.train.loop as loop
 
     composed, resolved, overrides = configure("run.name=res")
@@ -120,7 +121,7 @@ def test_resume_with_a_secret_override_writes_no_secret(configure, store, tmp_pa
         return {}
 
     monkeypatch.setattr(loop, "train", fake_train)
-    monkeypatch.setattr(distributed, "apply_environment", lambda hw: None)
+    monkeypatch.setattr(resume, "apply_environment", lambda hw: None)
     resume.resume([f"resume={rec.run_dir}", "+hardware.env.HF_TOKEN=restok-6620"])
     text = everything_written(rec, store["uri"], tmp_path)
     assert "restok-6620" not in text
@@ -131,7 +132,7 @@ def test_resume_with_a_secret_override_writes_no_secret(configure, store, tmp_pa
 
 @pytest.fixture(scope="module")
 def saved(store):
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from tests.helpers import compose_dict
 
     overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
@@ -213,7 +214,7 @@ def test_slurm_script_and_submission_hold_no_secret():
     from marin.launch import slurm
     from marin.launch.distributed import process_environment
     from tests.helpers import compose_dict
-    from marin.config.validate import load
+    from marin.launch.checks import load
 
     composed, resolved = load(compose_dict("model=tiny", "hardware=slurm_cpu", "+hardware.env.HF_TOKEN=slurmtok-4410"))
     lines = "\n".join(slurm.setup_lines(resolved))

@@ -65,11 +65,14 @@ def test_status_finds_a_sweep_by_name(store, multirun_job, monkeypatch, capsys):
 
 
 def test_status_errors(store, tmp_path, capsys):
-    assert status.main([str(tmp_path)]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        status.main([str(tmp_path)])
     assert "not a sweep directory" in capsys.readouterr().err
-    assert status.main(["0123456789abcdef0123456789abcdef", "--tracking-uri", store["uri"]]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        status.main(["0123456789abcdef0123456789abcdef", "--tracking-uri", store["uri"]])
     capsys.readouterr()
-    assert status.main(["no_such_sweep", "--out-dir", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        status.main(["no_such_sweep", "--out-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no sweep of that name" in err
     with pytest.raises(SystemExit) as exit_:
@@ -86,6 +89,7 @@ def test_run_tools_usage_errors_are_one_line(tmp_path, capsys):
             main(argv)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
-    assert diff.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        diff.main([str(tmp_path / "a"), str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such run directory" in err

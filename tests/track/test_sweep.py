@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from marin.config.store import PROJECT_ROOT
+from marin.config.paths import PROJECT_ROOT
 from marin.track import record, sweep, tracker
 
 
@@ -167,7 +167,8 @@ def test_every_job_of_every_sweep_validates():
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from marin.config.store import SWEEPS_DIR, options
+    from marin.config.paths import SWEEPS_DIR
+    from marin.config.store import options
     from tests.helpers import make_config
 
     parser = OverridesParser.create()

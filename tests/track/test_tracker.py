@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_metrics_tags_text_artifacts_read_back(configure, store, tmp_path):
     rec = record.create(*configure("run.name=trk"))
     (tmp_path / "plan.txt").write_text("the plan")
-    with tracker.Tracker(rec) as t:
-        for step in range(5):
-            t.log_metrics({"train/loss": 5.0 - step, "lr": 1e-3}, step=step)
-        t.set_tags({"phase": "pretrain", "WANDB_API_KEY": "hunter2"})
-        t.log_text("summary.txt", "done")
-        t.log_artifact(tmp_path / "plan.txt")
+    t = tracker.Tracker(rec)
+    for step in range(5):
+        t.log_metrics({"train/loss": 5.0 - step, "lr": 1e-3}, step=step)
+    t.set_tags({"phase": "pretrain", "WANDB_API_KEY": "hunter2"})
+    t.log_text("summary.txt", "done")
+    t.log_artifact(tmp_path / "plan.txt")
+    t.finish()
     client = MlflowClient(store["uri"])
     history = client.get_metric_history(rec.run_id, "train/loss")
     assert [(m.step, m.value) for m in history] == [(s, 5.0 - s) for s in range(5)]
@@ -38,12 +39,13 @@ def test_metrics_tags_text_artifacts_read_back(configure, store, tmp_path):
     assert rec.info()["status"] == "FINISHED"
 
 
-def test_exception_finishes_failed_and_other_processes_log_nothing(configure, store):
+def test_other_processes_log_nothing_and_statuses_are_checked(configure, store):
     rec = record.create(*configure("run.name=trk-fail"))
-    tracker.Tracker(rec, process_index=1).log_metrics({"loss": 1.0}, step=0)
-    with pytest.raises(ZeroDivisionError):
-        with tracker.Tracker(rec, process_index=0) as t:
-            1 / 0
+    other = tracker.Tracker(rec, process_index=1)
+    other.log_metrics({"loss": 1.0}, step=0)
+    other.finish("FINISHED")                        # a no-op: process 0 ends the run
+    t = tracker.Tracker(rec, process_index=0)
+    t.finish("FAILED")
     client = MlflowClient(store["uri"])
     assert client.get_run(rec.run_id).info.status == "FAILED"
     assert client.get_metric_history(rec.run_id, "loss") == []
@@ -58,8 +60,9 @@ def test_unreachable_store_keeps_metrics_and_sends_them_later(configure, store, 
     with caplog.at_level(logging.WARNING, logger="marin.track"):
         for step in range(3):
             t.log_metrics({"train/loss": float(step)}, step=step)   # training goes on
+            t.flush(timeout=10)
+        t.finish("FINISHED")
     assert sum("does not answer" in r.message for r in caplog.records) == 1  # warned once
-    t.finish("FINISHED")
     spilled = (real.run_dir / tracker.UNSENT).read_text().splitlines()
     assert [json.loads(line)["step"] for line in spilled] == [0, 1, 2]
     assert tracker.send_unsent(real) == 3
@@ -107,7 +110,6 @@ def test_server_restart_during_training_loses_no_metric(configure, tmp_path):
         _stop(proc)
         t.log_metrics({"loss": 1.0}, step=1)   # server away: kept
         proc = _server(tmp_path / "db.sqlite", tmp_path / "art", port)
-        t._retry_at = 0.0                      # do not wait out the back-off in a test
         t.log_metrics({"loss": 2.0}, step=2)
         t.finish("FINISHED")
         history = MlflowClient(uri).get_metric_history(rec.run_id, "loss")
@@ -124,8 +126,7 @@ def _status(store, rec):
 def test_setup_crash_and_failed_resume_end_the_run_failed_or_killed(configure, store, monkeypatch):
     """An exception after the MLflow run exists but before the loop (mesh, restore, compile) used
     to leave it RUNNING; a resume reopens it as RUNNING, so a crashing resume did the same."""
-    import marin.launch.mesh
-    from marin.train import loop
+    from marin.train import loop, trainer
 
     composed, resolved, overrides = configure("run.name=trk-setup")
     rec = record.create(composed, resolved, overrides)
@@ -133,7 +134,7 @@ def test_setup_crash_and_failed_resume_end_the_run_failed_or_killed(configure, s
     def broken_mesh(cfg):
         raise RuntimeError("no devices")
 
-    monkeypatch.setattr(marin.launch.mesh, "make_mesh", broken_mesh)
+    monkeypatch.setattr(trainer, "make_mesh", broken_mesh)
     with pytest.raises(RuntimeError, match="no devices"):
         loop.train(resolved, rec)
     assert _status(store, rec) == "FAILED" and rec.info()["status"] == "FAILED"
@@ -146,7 +147,7 @@ def test_setup_crash_and_failed_resume_end_the_run_failed_or_killed(configure, s
     def interrupted(cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(marin.launch.mesh, "make_mesh", interrupted)
+    monkeypatch.setattr(trainer, "make_mesh", interrupted)
     with pytest.raises((KeyboardInterrupt, SystemExit)) as ended:   # Ctrl-C: exit 130, no traceback
         loop.train(resolved, rec)
     assert ended.type is KeyboardInterrupt or ended.value.code == 130
@@ -165,11 +166,74 @@ def test_status_the_store_missed_is_sent_with_the_unsent_metrics(configure, stor
     assert _status(store, real) == "FAILED" and real.info()["status_unsent"] is None
 
     crashed = record.create(*configure("run.name=trk-away-setup"))   # set-up crash during an outage
-    tracker.end_if_running(RunRecord(crashed.run_dir, crashed.run_id, "http://127.0.0.1:9",
-                                     crashed.experiment_name), "FAILED")
+    tracker.Tracker(RunRecord(crashed.run_dir, crashed.run_id, "http://127.0.0.1:9",
+                              crashed.experiment_name)).finish("FAILED")
     assert _status(store, crashed) == "RUNNING"
     assert tracker.send_unsent(crashed) == 0         # no metrics, but the status
     assert _status(store, crashed) == "FAILED"
+
+
+def test_a_frozen_server_never_stalls_the_caller(configure, store):
+    """A server that accepts connections and never answers: every call returns at once (only
+    the sender thread waits), and `finish` gives up after its timeout, keeping the metrics and
+    the status in the run directory."""
+    real = record.create(*configure("run.name=trk-frozen"))
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        away = RunRecord(real.run_dir, real.run_id, f"http://127.0.0.1:{frozen.getsockname()[1]}",
+                         real.experiment_name)
+        t = tracker.Tracker(away, flush_every_s=0.0)
+        t.end_timeout_s = 1.0
+        began = time.monotonic()
+        for step in range(200):
+            t.log_metrics({"train/loss": float(step)}, step=step)
+            t.set_tags({"step": str(step)})
+        assert time.monotonic() - began < 1.0
+        t.finish("FINISHED")
+        assert time.monotonic() - began < 5.0
+    assert len((real.run_dir / tracker.UNSENT).read_text().splitlines()) == 200
+    assert real.info()["status_unsent"] == "FINISHED"
+    assert tracker.send_unsent(real) == 200
+    assert _status(store, real) == "FINISHED"
+
+
+def test_a_killed_process_leaves_its_run_failed(configure, store):
+    """SIGKILL gives no chance to end the run: the tracking process (marin.track.worker) ends it FAILED."""
+    import signal
+    import textwrap
+
+    rec = record.create(*configure("run.name=trk-killed"))
+    code = textwrap.dedent(f"""
+        import time
+        from marin.track import record, tracker
+        t = tracker.Tracker(record.open({str(rec.run_dir)!r}))
+        t.log_metrics({{"train/loss": 1.0}}, 1)
+        t.flush(timeout=60)  # the sender has started: the tracking process watches the run
+        print("logging", flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "logging"
+    client, deadline = MlflowClient(store["uri"]), time.monotonic() + 60
+    while _status(store, rec) != "RUNNING" and time.monotonic() < deadline:  # its sender reopened it
+        time.sleep(0.1)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    while _status(store, rec) == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _status(store, rec) == "FAILED"
+
+    done = record.create(*configure("run.name=trk-done"))  # a run ended on purpose stays as it ended
+    code = textwrap.dedent(f"""
+        from marin.track import record, tracker
+        tracker.Tracker(record.open({str(done.run_dir)!r})).finish("KILLED")
+    """)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True,
+                   timeout=120)
+    time.sleep(1.0)  # the tracking process has seen its trainer go
+    assert _status(store, done) == "KILLED"
 
 
 @pytest.mark.slow
@@ -189,3 +253,28 @@ def test_two_jobs_opening_a_new_sqlite_store_at_once_both_succeed(tmp_path):
     errors = [job.communicate(timeout=120)[1] for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], errors
     assert MlflowClient(uri).get_experiment_by_name("race") is not None
+
+
+def test_a_dead_tracking_process_loses_nothing_and_a_job_signal_does_not_end_it(configure, store):
+    """The tracking process (marin.track.worker) shrugs off the signals Slurm sends to every
+    process of a job; if it dies anyway, the Tracker starts another and sends what was queued."""
+    import signal
+
+    from marin.track import worker
+
+    rec = record.create(*configure("run.name=trk-worker-dies"))
+    t = tracker.Tracker(rec, flush_every_s=0.0)
+    t.log_metrics({"train/loss": 0.0}, step=1)
+    assert t.flush(timeout=60)
+    first = worker.Worker.get()
+    first._process.send_signal(signal.SIGUSR2)       # noqa: SLF001 — scancel --signal=USR2 reaches it too
+    t.log_metrics({"train/loss": 1.0}, step=2)
+    assert t.flush(timeout=60) and first.alive and first._process.poll() is None  # noqa: SLF001
+    first._process.kill()                             # noqa: SLF001
+    first._process.wait()                             # noqa: SLF001
+    t.log_metrics({"train/loss": 2.0}, step=3)
+    t.finish("FINISHED")
+    assert worker.Worker.get() is not first
+    history = MlflowClient(store["uri"]).get_metric_history(rec.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert _status(store, rec) == "FINISHED" and not (rec.run_dir / tracker.UNSENT).exists()

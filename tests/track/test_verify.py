@@ -18,7 +18,7 @@ TINY = ["model=tiny", "train.steps=6", "train.seq_len=32", "train.global_batch=4
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory):
-    from marin.config.validate import load
+    from marin.launch.checks import load
     from marin.track import record
     from marin.train.loop import train
 
@@ -73,7 +73,7 @@ def test_untouched_run_verifies_identical(original, capsys):
     run_id = json.loads((replay / "record.json").read_text())["run_id"]
     tags = MlflowClient(rec.tracking_uri).get_run(run_id).data.tags
     assert tags["verification_of"] == rec.run_id and tags["verify_result"] == "identical"
-    from marin.track.verify import main
+    from marin.launch.verify import main
     assert main([str(rec.run_dir), str(replay)]) == 0         # the command-line comparison of two runs agrees
 
 
@@ -128,7 +128,7 @@ def test_copied_run_directory_is_verified_against_its_metrics_file(original, cap
 
 
 def test_compare_rtol_and_missing_metrics():
-    from marin.track.verify import compare
+    from marin.launch.verify import compare
 
     recorded = {("train/loss", 0): 2.0, ("train/loss", 1): 1.0, ("eval/loss", 1): 3.0, ("train/tokens_per_s", 1): 9.0}
     replayed = {("train/loss", 0): 2.0, ("train/loss", 1): 1.0 + 1e-9, ("train/tokens_per_s", 1): 7.0}

@@ -14,7 +14,7 @@ TINY = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_ev
 
 def lowered_text(cfg):
     """The train step's program as the loop jits it, built afresh (no in-process memo)."""
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.train.state import state_sharding
     from marin.train.step import _jit_steps, hyperparams
 
@@ -45,8 +45,9 @@ def test_program_does_not_embed_optimizer_numbers():
 @pytest.mark.slow
 def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog, monkeypatch):
     """Three runs of a learning-rate sweep in one process, through the loop: one compile of the
-    train step, and the points still train differently. (A fresh executables cache: the suite's
-    shared one may hold this step already, and then nothing compiles at all.)"""
+    train step, and the points still train differently (the in-process memo of
+    marin.train.step.jit_steps). A fresh persistent compilation cache: with the suite's shared
+    one, a cache hit logs no compile at all."""
     from tests.train.test_loop import start
     from marin.train.loop import train
 

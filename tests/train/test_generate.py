@@ -82,7 +82,8 @@ def test_command_line_prints_the_same_ids(run, model, capsys):
 def test_bad_prompts_and_options_are_one_line_exit_2(run, capsys, args, says):
     rec, _ = run
     before = sorted(p.name for p in rec.run_dir.rglob("*"))
-    assert generate.main([str(rec.run_dir), *args]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        generate.main([str(rec.run_dir), *args])
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err
     assert sorted(p.name for p in rec.run_dir.rglob("*")) == before
@@ -92,11 +93,13 @@ def test_a_run_without_checkpoints_is_one_line_exit_2(tmp_path_factory, tmp_path
     rec = untrained_run(tmp_path_factory)
     before = sorted(p.name for p in rec.run_dir.rglob("*"))
     capsys.readouterr()  # MLflow's own log lines while the run was made
-    assert generate.main([str(rec.run_dir), "--prompt", "hi"]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        generate.main([str(rec.run_dir), "--prompt", "hi"])
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "no checkpoint" in err
     assert sorted(p.name for p in rec.run_dir.rglob("*")) == before
-    assert generate.main([str(tmp_path / "nowhere"), "--prompt", "hi"]) == 2
+    with pytest.raises(SystemExit, match="^2$"):
+        generate.main([str(tmp_path / "nowhere"), "--prompt", "hi"])
     assert capsys.readouterr().err.count("\n") == 1
     with pytest.raises(SystemExit) as done:  # neither --prompt nor --prompt-ids
         generate.main([str(rec.run_dir)])

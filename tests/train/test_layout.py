@@ -55,7 +55,7 @@ def test_fsdp_shards_every_large_leaf_inside_the_replica():
 
 def losses(cfg, devices):
     from marin.data.loader import Loader
-    from marin.launch.mesh import make_mesh
+    from marin.model.mesh import make_mesh
     from marin.train.state import state_sharding
     from marin.train.step import hyperparams, jit_steps
 

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import compose_dict
-from marin.config.validate import load
+from marin.launch.checks import load
 
 TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
         "train.eval_batches=1", "optim.lr=1e-2"]
@@ -21,21 +21,12 @@ def start(tmp_path, *overrides):
 
 
 def test_loss_falls_and_run_is_tracked(tmp_path):
-    """Through the tracking companion, as launch.py runs it: MLflow is made and logged in another
-    process, nothing lost; run.log keeps the progress bar's eval lines and its last state."""
-    from marin.track.companion import Companion
-    from marin.track.tracker import create_in
+    """MLflow holds every metric, the params and the FINISHED status; run.log keeps the progress
+    bar's eval lines and its last state."""
     from marin.train.loop import train
 
-    composed, cfg = load(compose_dict(*TINY, f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                                      "train.steps=40"))
-    companion = Companion.start()
-    try:
-        pending = create_in(companion, composed, cfg, ["train.steps=40"])
-        summary = train(cfg, pending)
-    finally:
-        companion.close()
-    rec = pending.ready()
+    cfg, rec = start(tmp_path, "train.steps=40")
+    summary = train(cfg, rec)
     log = (rec.run_dir / "run.log").read_text()
     assert "step 10: " in log and "macro_loss" in log and "40/40" in log, log
     client = MlflowClient(rec.tracking_uri)
@@ -46,7 +37,8 @@ def test_loss_falls_and_run_is_tracked(tmp_path):
     run = client.get_run(rec.run_id)
     assert run.info.status == "FINISHED"
     per_layer = [f"train/{m}/layer_{i}" for m in ("dropped_frac", "load_spread") for i in range(cfg.model.num_layers)]
-    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss", *per_layer):
+    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss",
+                 "time/eval_s", *per_layer):
         assert name in run.data.metrics, name
     assert any(k.startswith("eval/") and k.endswith("/loss") and k != "eval/macro_loss" for k in run.data.metrics)
     assert run.data.params["model.d_model"] == str(cfg.model.d_model)
@@ -54,7 +46,8 @@ def test_loss_falls_and_run_is_tracked(tmp_path):
 
 
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
-    from marin.train.loop import NonFiniteLoss, train
+    from marin.train.components import NonFiniteLoss
+    from marin.train.loop import train
 
     cfg, rec = start(tmp_path, "train.steps=5", "model.init_std=1e30")
     with pytest.raises(NonFiniteLoss, match="non-finite loss"):
@@ -77,3 +70,55 @@ def test_context_extension_stage_starts_from_another_runs_checkpoint(tmp_path):
     train(cfg, stage)
     steps = [m.step for m in MlflowClient(stage.tracking_uri).get_metric_history(stage.run_id, "train/loss")]
     assert sorted(steps) == [5, 6, 7, 8]  # the stage picks up where the first run stopped (4 steps taken)
+
+
+def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
+    """A step's time runs from the previous step's completion to its own: evaluation (and
+    checkpoint) time is logged apart (time/eval_s) and the step after an eval is not timed from
+    its dispatch only (that made train/tokens_per_s 35-50x too high there)."""
+    import json
+    import statistics
+
+    from marin.train.loop import train
+
+    cfg, rec = start(tmp_path, "train.steps=30", "train.eval_every=5", "train.log_every=1", "train.seq_len=32")
+    train(cfg, rec)
+    rows = [json.loads(line) for line in (rec.run_dir / "metrics.jsonl").read_text().splitlines()]
+    tps = {r["step"]: r["value"] for r in rows if r["key"] == "train/tokens_per_s"}
+    assert sorted(tps) == list(range(1, 31))
+    median = statistics.median(tps.values())
+    spikes = {step: round(v / median, 1) for step, v in tps.items() if v > 3 * median}
+    assert not spikes, f"steps with tokens/s above 3x the median {median:.0f}: {spikes}"
+    assert {r["step"] for r in rows if r["key"] == "time/eval_s"} == {5, 10, 15, 20, 25, 30}
+
+
+@pytest.mark.slow
+def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(tmp_path):
+    """marin.launch.local.run_local makes the directory and the MLflow run before training, all or nothing: a store
+    that cannot take the run gives one line, exit 2, and no run directory."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    garbage = tmp_path / "store" / "mlflow.db"
+    garbage.parent.mkdir()
+    garbage.write_text("not a database")
+    out = tmp_path / "out"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        from tests.helpers import compose_dict
+        from marin.launch.checks import load
+        from marin.launch.local import run_local
+        overrides = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
+                     "train.steps=100000", "run.out_dir={out}", "tracking.uri=sqlite:///{garbage}"]
+        composed, resolved = load(compose_dict(*overrides))
+        run_local(composed, resolved, overrides)
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "error: could not create the run record" in done.stderr and "Traceback" not in done.stderr
+    assert not list((out / "runs").iterdir())

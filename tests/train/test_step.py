@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from marin.launch.mesh import make_mesh
+from marin.model.mesh import make_mesh
 from marin.optim import build_optimizer
 from marin.train.state import init_state
 from marin.train.step import make_train_step, num_microbatches

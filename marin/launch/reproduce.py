@@ -20,12 +20,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from marin.config.paths import CONF_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.validate import load
-from marin.track import backend, record
+from marin.config.store import register
+from marin.launch.checks import load
+from marin.track import backend, record, secrets
+from marin.track.errors import first_line
 from marin.track.record import flatten
 
-log = logging.getLogger("marin.track")
+log = logging.getLogger("marin.launch")
 
 SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
 # Never inherited (reproduce_trust: a saved config cannot trust itself).
@@ -71,7 +74,7 @@ def _check_trust(merged: dict, own: set[str], trust: bool) -> None:
     if trust:
         return
     applied = {k: v for k, v in merged.items() if _is_under(k, UNTRUSTED) and not _is_under(k, own)
-               and v not in ({}, [], "", None) and v != backend.REDACTED}
+               and v not in ({}, [], "", None) and v != secrets.REDACTED}
     if not applied:
         return
     name = merged.get("hardware.name")
@@ -128,8 +131,6 @@ def _compose(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from marin.config.store import CONF_DIR, register
-
     register()
     if GlobalHydra.instance().is_initialized():  # inside launch.py's @hydra.main
         cfg = compose("config", overrides=overrides)
@@ -137,11 +138,6 @@ def _compose(overrides: list[str]) -> dict:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
     return OmegaConf.to_container(cfg, resolve=True)
-
-
-def _first_line(err: Exception) -> str:
-    text = " ".join(str(err).split("\n")[:2]).strip()
-    return text or type(err).__name__
 
 
 def _unflatten(flat: dict) -> dict:
@@ -156,14 +152,14 @@ def _unflatten(flat: dict) -> dict:
     return tree
 
 
-def _lookup_uri(new_overrides: list[str]) -> str | None:
+def lookup_uri(new_overrides: list[str]) -> str | None:
     for o in reversed(new_overrides):
         if _key(o) == "tracking.uri":
             return o.split("=", 1)[1]
     return os.environ.get("MLFLOW_TRACKING_URI")
 
 
-def _out_dir(new_overrides: list[str]) -> Path | None:
+def out_dir(new_overrides: list[str]) -> Path | None:
     for o in reversed(new_overrides):
         if _key(o) == "run.out_dir":
             return backend.out_dir(Config(run=RunConfig(out_dir=o.split("=", 1)[1])))
@@ -195,7 +191,7 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     """
     new = [o for o in new_overrides if _key(o) != "reproduce"]
     try:
-        source = record.open(ref, tracking_uri=_lookup_uri(new), out_dir=_out_dir(new))
+        source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
@@ -207,7 +203,7 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     for o in source.overrides():
         if _key(o) in SITE + CONTROL:
             continue
-        if backend.REDACTED in o:
+        if secrets.REDACTED in o:
             log.warning("saved override %s was redacted: the current environment's value is used", o)
             continue
         kept.append(o)
@@ -218,15 +214,15 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     try:
         base = flatten(_compose(search + kept))
     except Exception as err:
-        raise ReproduceError(f"the saved overrides no longer compose with conf/: {_first_line(err)}") from None
+        raise ReproduceError(f"the saved overrides no longer compose with conf/: {first_line(err)}") from None
     try:
         wanted = flatten(_compose(search + kept + new))
     except Exception as err:
-        raise ReproduceError(f"overrides do not apply to the saved config: {_first_line(err)}") from None
+        raise ReproduceError(f"overrides do not apply to the saved config: {first_line(err)}") from None
 
     merged = flatten(saved)
     drift = sorted(k for k in base if k in merged and base[k] != merged[k]
-                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != backend.REDACTED)
+                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != secrets.REDACTED)
     if drift:
         log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
                     + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))
@@ -246,7 +242,7 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
             merged[key] = None
     _check_trust(merged, own, bool(wanted.get("reproduce_trust")))
     for key, value in list(merged.items()):  # secrets were never saved: this environment's, if any
-        if value == backend.REDACTED:
+        if value == secrets.REDACTED:
             if key in wanted:
                 merged[key] = wanted[key]
             else:
@@ -257,7 +253,7 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     try:
         typed = OmegaConf.merge(OmegaConf.structured(Config), _unflatten(merged))
     except Exception as err:
-        raise ReproduceError(f"the recomposed config does not fit the schema: {_first_line(err)}") from None
+        raise ReproduceError(f"the recomposed config does not fit the schema: {first_line(err)}") from None
     composed, resolved = load(typed)
     log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
     return composed, resolved, kept + new + [f"reproduce={source.run_id}"]

@@ -1,8 +1,6 @@
-"""The model's shapes and parameter counts from the config alone (spec §1a): what
-`marin.config.derive` needs (the active count sets ``train.steps: auto``) and what
+"""The model's shapes and parameter counts from the config alone (spec §1a): config arithmetic
+that `marin.config.derive` needs (the active count sets ``train.steps: auto``) and that
 `marin.model.accounting` builds on (FLOPs, leaves, memory). Pure Python, no JAX.
-
-It imports nothing from derive or accounting, so derive → counts ← accounting has no circle.
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The device mesh from `hardware.mesh`: axes (replica_dcn, data, expert, model).
 
+In the model layer because the model shards by these axis names; JAX is imported only by
+`make_mesh` (the config path checks a mesh against a device count without it).
+
 Batch is split over replica_dcn × data × expert; experts over `expert`; `model` is tensor
 parallel (same tokens). Axis types are Auto so that plain data-parallel matmuls need no
 explicit sharding annotations (JAX 0.10 defaults `make_mesh` to Explicit).
@@ -43,7 +46,7 @@ def _slice_count(devices) -> int:
 
 
 def make_mesh(cfg, devices=None):
-    import jax
+    import jax  # JAX off the config path (slurm/plan check the mesh without it)
     from jax.experimental import mesh_utils
     from jax.sharding import AxisType, Mesh
 
@@ -55,16 +58,3 @@ def make_mesh(cfg, devices=None):
         grid = mesh_utils.create_hybrid_device_mesh((1, *shape[1:]), (shape[0], 1, 1, 1), devices)
         return Mesh(grid, AXES, axis_types=axis_types)
     return jax.make_mesh(shape, AXES, axis_types=axis_types, devices=devices)
-
-
-def batch_sharding(mesh):
-    """Rows of the global batch split over every axis that holds its own tokens."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
-
-
-def replicated(mesh):
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return NamedSharding(mesh, PartitionSpec())

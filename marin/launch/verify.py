@@ -1,7 +1,7 @@
 """`python launch.py reproduce=<run> verify=true [verify_steps=a:b] [verify_rtol=r]`: replay a
 recorded run and compare every metric it logs with the record.
 
-The replay is an ordinary reproduction (marin/track/reproduce.py: the saved config, this command
+The replay is an ordinary reproduction (marin/launch/reproduce.py: the saved config, this command
 line's overrides on top): a new run directory and a new MLflow run, tagged `verification_of`
 (the original's id) and, once compared, `verify_result`. With `verify_steps=a:b` it trains only
 steps a…b, starting from the original's newest checkpoint at or below a (through
@@ -16,24 +16,30 @@ differs (git commit, packages, device kind, XLA flags; from both runs' record.js
 (no reproduce=, a window outside the run or with no checkpoint to start from, a record without
 metrics) is one line, exit 2, before anything is written.
 
-    python -m marin.track.verify <recorded run> <replay run> [--rtol R]
+    python -m marin.launch.verify <recorded run> <replay run> [--rtol R]
 
 compares two finished runs the same way (a replay made elsewhere, e.g. on Slurm).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marin.track import backend, record
+from marin.cli import Parser, config_errors, fail
+from marin.config.validate import ConfigError
+from marin.launch.distributed import apply_environment
+from marin.launch.plan import print_plan
+from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
+from marin.track import backend, record, secrets
+from marin.track.errors import first_line
 from marin.track.tracker import METRICS
+from marin.train.checkpoint import checkpoint_dir, listed_steps
 
 RESULT = "verify.json"
-WALL_CLOCK = ("tokens_per_s", "model_flops_per_s", "mfu")  # last name component: never equal twice
+WALL_CLOCK = ("tokens_per_s", "model_flops_per_s", "mfu", "eval_s", "checkpoint_s")  # last name component: never equal twice
 WATCHED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
 
@@ -84,7 +90,7 @@ def read_jsonl(path: Path) -> dict:
 
 def _from_mlflow(uri: str, run_id: str) -> dict | None:
     """The run's metric histories, or None when the store or the run cannot be reached."""
-    if not uri or backend.REDACTED in uri:
+    if not uri or secrets.REDACTED in uri:
         return None
     if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
         return None
@@ -107,7 +113,7 @@ def reference(source: record.RunRecord) -> tuple[dict, str]:
     for uri in dict.fromkeys([source.tracking_uri, info.get("tracking_uri")]):
         found = _from_mlflow(uri, source.run_id)
         if found:
-            return found, f"MLflow run {source.run_id} ({backend.safe_uri(uri)})"
+            return found, f"MLflow run {source.run_id} ({secrets.safe_uri(uri)})"
     path = source.run_dir / METRICS
     if path.is_file():
         found = read_jsonl(path)
@@ -138,9 +144,6 @@ def run_start(source: record.RunRecord, recorded: dict) -> int:
 
 def plan(cfg, new_overrides: list[str]) -> Plan:
     """Open the original run, read its record and choose the replay's start; writes nothing."""
-    from marin.track.reproduce import _lookup_uri, _out_dir
-    from marin.train.checkpoint import checkpoint_dir, listed_steps
-
     if cfg.get("resume"):
         raise VerifyError("verify: replays a run with reproduce=<run>, not resume=")
     if not cfg.get("reproduce"):
@@ -151,7 +154,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     window = parse_window(cfg.verify_steps) if cfg.get("verify_steps") is not None else None
     new = [o for o in new_overrides if o.split("=", 1)[0].lstrip("+~") != "reproduce"]
     try:
-        source = record.open(str(cfg.reproduce), tracking_uri=_lookup_uri(new), out_dir=_out_dir(new))
+        source = record.open(str(cfg.reproduce), tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         raise VerifyError(f"reproduce: {err}") from None
     recorded, where = reference(source)
@@ -291,10 +294,6 @@ def _xla_flags(run: record.RunRecord) -> str:
 
 def verify(cfg, job_overrides: list[str]) -> None:
     """launch.py with verify=true: plan, recompose, replay here, compare; exits 0, 1 or 2."""
-    from marin.config.validate import ConfigError
-    from marin.launch.cli import config_errors, fail
-    from marin.track.reproduce import ReproduceError, recompose
-
     try:
         chosen = plan(cfg, job_overrides)
         composed, resolved, overrides = recompose(str(cfg.reproduce), job_overrides + chosen.overrides)
@@ -306,26 +305,22 @@ def verify(cfg, job_overrides: list[str]) -> None:
     print(f"verify: replaying {window} of run {chosen.source.run_id}; {len(chosen.reference)} recorded values "
           f"({chosen.where})", file=sys.stderr)
     if resolved.dry_run:
-        from marin.launch.plan import print_plan
-
         print_plan(resolved, as_json=resolved.dry_run == "json")
         return
     if resolved.hardware.launcher != "local":
         fail(f"verify: replays in this process (hardware.launcher=local); got {resolved.hardware.launcher}: "
-             "run reproduce=<run> there, then python -m marin.track.verify <run> <replay>")
-    from marin.launch.distributed import apply_environment
-    from marin.train.loop import run_local
+             "run reproduce=<run> there, then python -m marin.launch.verify <run> <replay>")
+    from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
-    made = []
     apply_environment(resolved.hardware)
-    run_local(composed, resolved, overrides, on_created=made.append)
+    replay = run_local(composed, resolved, overrides)
     changed = [o for o in job_overrides if o.split("=", 1)[0].lstrip("+~") not in
                ("reproduce", "verify", "verify_steps", "verify_rtol", "tracking.uri", "run.out_dir")]
-    sys.exit(report(chosen.source, chosen.reference, chosen.where, made[0], resolved.verify_rtol, changed))
+    sys.exit(report(chosen.source, chosen.reference, chosen.where, replay, resolved.verify_rtol, changed))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m marin.track.verify", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m marin.launch.verify", description=__doc__.split("\n\n")[0])
     parser.add_argument("recorded", help="the original run: run directory or MLflow run id")
     parser.add_argument("replay", help="its replay: run directory or MLflow run id")
     parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (0 = bit for bit)")
@@ -334,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         source, replay = record.open(args.recorded), record.open(args.replay)
         recorded, where = reference(source)
     except (record.RecordError, VerifyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        fail(first_line(err))
     return report(source, recorded, where, replay, args.rtol)
 
 

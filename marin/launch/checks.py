@@ -1,0 +1,30 @@
+"""A config validated as a launch needs it: its own rules (marin.config.validate) and the checks
+that read more than the config, each living with the code that knows what it reads. They are
+passed down to `validate.load` from here, so marin.config stays the bottom layer.
+
+    load(cfg) -> (composed, resolved)     or ConfigError, one (field, message) per problem
+
+Everything that launches, plans, reproduces or prepares a run validates through this `load`.
+Pure Python: no JAX.
+"""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from marin.config import validate
+from marin.config.schema import Config
+from marin.data.mixture import check as check_data
+from marin.optim.decay import check as check_decay
+from marin.track.forecast_check import check_config as check_forecast
+from marin.train.init_from import problems as check_init_from
+
+CHECKS = (
+    check_decay,       # optim.decay rules against the parameter table
+    check_init_from,   # train.init_from: its form, and its checkpoint
+    check_data,        # sources, cells, phases, epochs, files, tokenizer
+    check_forecast,    # forecast.registered matches this run
+)
+
+
+def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
+    return validate.load(cfg, CHECKS)

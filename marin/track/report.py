@@ -1,0 +1,378 @@
+"""A run's or a sweep's report: its figures drawn and one self-contained HTML page written
+(`python -m marin.report` is the command; the run's tracker writes a run's page at its end).
+
+A run's page: a summary (state, steps, final losses, throughput, provenance, overrides), then
+plots of the training and evaluation losses (against the registered forecast when the run has
+one, see FORECAST), the learning rate of each parameter group, the gradient norm, the dropped
+fraction of each layer, the expert load over time (a heatmap per layer, from the run's
+`expert_load.npz`, see marin/track/expert_load.py), tokens/s and MFU. A sweep's page: its jobs
+side by side (overrides, state, losses, tokens/s) and their loss curves overlaid. Metrics are
+read back from MLflow. Plots are PNGs embedded as `data:` URIs and the style is inline: the file
+opens offline and can be mailed as it is.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from marin.track import backend, expert_load, record, secrets, sweep
+
+REPORT = "report.html"
+# The forecast hook: a run that has these metrics (logged by whoever registers a forecast for it,
+# at the steps it predicts) gets them drawn on its loss plot, the band shaded between lower/upper.
+FORECAST = {"predicted": "forecast/predicted", "lower": "forecast/lower", "upper": "forecast/upper"}
+LAYER = re.compile(r"^train/dropped_frac/layer_(\d+)$")
+HEATMAP_LAYERS = 4   # expert-load heatmaps drawn (layers evenly spaced from first to last)
+LINES_UP_TO = 8      # per-layer series drawn as lines up to this many layers, as a heatmap beyond
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step
+
+
+# ---------------------------------------------------------------------------- reading
+
+def history(client, run_id: str, key: str) -> Series | None:
+    """A metric's (steps, values), the last value logged at each step; None if never logged."""
+    points = client.get_metric_history(run_id, key)
+    if not points:
+        return None
+    by_step = {}
+    for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
+        by_step[m.step] = m.value
+    steps = np.fromiter(by_step, dtype=np.int64)
+    return steps, np.fromiter(by_step.values(), dtype=np.float64)
+
+
+def _histories(client, run_id: str, keys) -> dict[str, Series]:
+    found = {k: history(client, run_id, k) for k in keys}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _final(series: Series | None) -> float | None:
+    return None if series is None else float(series[1][-1])
+
+
+def _median_late(series: Series | None) -> float | None:
+    """The median over the second half of the points (the first steps include compilation)."""
+    if series is None:
+        return None
+    values = series[1][len(series[1]) // 2:]
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else None
+
+
+# ---------------------------------------------------------------------------- plotting
+
+def _figure(rows: int = 1, cols: int = 1, height: float = 3.2):
+    # The object API with its own Agg canvas: no pyplot, no global backend switch in the caller.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    width, tall = (7.5 if cols == 1 else 3.8 * cols), height * rows
+    fig = Figure(figsize=(width, tall))
+    FigureCanvasAgg(fig)
+    # Margins in inches, fixed: tight_layout would draw every figure an extra time to measure
+    # its labels (a third of the report's time, which the end of every run waits for).
+    fig.subplots_adjust(left=0.95 / width, right=1 - 0.2 / width, bottom=0.5 / tall, top=1 - 0.3 / tall,
+                        hspace=0.6, wspace=0.35)
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _png(fig) -> str:
+    """The figure as an <img> whose source is a base64 data: URI (nothing fetched to show it)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="plot" src="data:image/png;base64,{data}">'
+
+
+def _line(ax, series: Series, label: str, **kw) -> None:
+    steps, values = series
+    ax.plot(steps, values, label=label, marker="o" if len(steps) < 3 else None, markersize=3, **kw)
+
+
+def _steps_axis(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))  # steps are whole
+    ax.set_xlabel("step")
+
+
+def _finish(ax, ylabel: str, legend: bool = True, log: bool = False) -> None:
+    _steps_axis(ax)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if log:
+        ax.set_yscale("log")
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def plot_losses(series: dict[str, Series]) -> str | None:
+    train = {k: v for k, v in series.items() if k in ("train/loss", "train/ce")}
+    evals = {k: v for k, v in series.items() if k.startswith("eval/") and k.endswith("loss")}
+    if not train and not evals:
+        return None
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    for key, s in train.items():
+        _line(ax, s, key, linewidth=1, alpha=0.8)
+    for key, s in evals.items():
+        steps, values = s
+        ax.plot(steps, values, marker="s", markersize=4, linewidth=2 if key == "eval/macro_loss" else 1, label=key)
+    _forecast(ax, series)
+    _finish(ax, "loss")
+    return _png(fig)
+
+
+def _forecast(ax, series: dict[str, Series]) -> None:
+    """The registered forecast (FORECAST metrics), if the run has one: a line (or a point) and
+    its band."""
+    predicted = series.get(FORECAST["predicted"])
+    if predicted is None:
+        return
+    lower, upper = series.get(FORECAST["lower"]), series.get(FORECAST["upper"])
+    steps, values = predicted
+    band = lower is not None and upper is not None and len(lower[0]) == len(upper[0])
+    if len(steps) == 1:  # one prediction (the final loss): a point with its band as error bar
+        err = [[values[0] - lower[1][0]], [upper[1][0] - values[0]]] if band else None
+        ax.errorbar(steps, values, yerr=err, fmt="*", color="black", markersize=10, capsize=4,
+                    label="forecast" + (" (band)" if band else ""))
+        return
+    ax.plot(steps, values, "--", color="black", linewidth=1, label="forecast")
+    if band:
+        ax.fill_between(lower[0], lower[1], np.interp(lower[0], *upper), color="gray", alpha=0.25,
+                        label="forecast band")
+
+
+def plot_lines(series: dict[str, Series], ylabel: str, log: bool = False) -> str | None:
+    if not series:
+        return None
+    fig, axes = _figure()
+    for key, s in series.items():
+        _line(axes[0, 0], s, key, linewidth=1)
+    log = log and all((s[1] > 0).all() for s in series.values())
+    _finish(axes[0, 0], ylabel, log=log)
+    return _png(fig)
+
+
+def plot_per_layer(series: dict[int, Series], ylabel: str) -> str | None:
+    """One line per layer, or, with many layers, a heatmap (layer × step)."""
+    if not series:
+        return None
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    layers = sorted(series)
+    if len(layers) <= LINES_UP_TO:
+        for i in layers:
+            _line(ax, series[i], f"layer {i}", linewidth=1)
+        _finish(ax, ylabel)
+        return _png(fig)
+    steps = np.unique(np.concatenate([series[i][0] for i in layers]))
+    grid = np.stack([np.interp(steps, *series[i]) for i in layers])
+    image = ax.imshow(grid, aspect="auto", origin="lower", interpolation="nearest",
+                      extent=(steps[0], steps[-1] + 1, layers[0] - 0.5, layers[-1] + 0.5))
+    fig.colorbar(image, ax=ax, label=ylabel)
+    ax.set_ylabel("layer")
+    _steps_axis(ax)
+    return _png(fig)
+
+
+def plot_expert_load(steps: np.ndarray, load: np.ndarray) -> str:
+    """Heatmaps expert × step of each chosen layer's load, relative to balanced (1 = 1/E)."""
+    n_layers, n_experts = load.shape[1], load.shape[2]
+    chosen = sorted(set(np.linspace(0, n_layers - 1, min(n_layers, HEATMAP_LAYERS)).round().astype(int)))
+    fig, axes = _figure(len(chosen), 1, height=2.4)
+    relative = load * n_experts
+    top = max(2.0, float(np.nanpercentile(relative, 99)))  # a few hot cells do not wash the rest out
+    width = steps[-1] - steps[-2] if len(steps) > 1 else 1
+    for ax, layer in zip(axes[:, 0], chosen):
+        image = ax.imshow(relative[:, layer, :].T, aspect="auto", origin="lower", interpolation="nearest",
+                          cmap="viridis", vmin=0, vmax=top,
+                          extent=(steps[0], steps[-1] + width, -0.5, n_experts - 0.5))
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_ylabel("expert")
+        fig.colorbar(image, ax=ax, label="load × E")
+    _steps_axis(axes[-1, 0])
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------- HTML
+
+STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1000px;color:#222;padding:0 1em}h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;
+padding-bottom:.2em;margin-top:1.8em}table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;
+padding:.25em .6em;text-align:left;vertical-align:top}th{background:#f4f4f4}code{font-size:.9em}
+.none{color:#888;font-style:italic}img{max-width:100%}"""
+
+
+def _esc(value) -> str:
+    """Text for the page: secrets this process knows of masked (marin.track.secrets), then escaped."""
+    return html.escape(secrets.mask("" if value is None else str(value)))
+
+
+def _num(value, fmt: str = ".4f") -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def _table(rows: list[tuple], head: tuple | None = None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>")
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _section(ident: str, title: str, body: str | None, missing: str = "nothing logged") -> str:
+    body = body if body else f'<p class="none">{_esc(missing)}</p>'
+    return f'<section id="{ident}">\n<h2>{_esc(title)}</h2>\n{body}\n</section>'
+
+
+def _page(title: str, sections: list[str]) -> str:
+    made = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_esc(title)}</title>\n'
+            f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{_esc(title)}</h1>\n<p>made {_esc(made)} by "
+            f"<code>python -m marin.report</code></p>\n" + "\n".join(sections) + "\n</body>\n</html>\n")
+
+
+def _when(ms) -> str | None:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else None
+
+
+# ---------------------------------------------------------------------------- a run
+
+def run_html(client, run, run_dir: Path | None) -> str:
+    """The HTML page of one run (`run`: an MLflow Run; `run_dir`: its directory, if here)."""
+    run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+    keys = set(run.data.metrics)
+    plain = ["train/loss", "train/ce", "train/grad_norm", "train/tokens_per_s", "train/mfu", "train/lr",
+             *FORECAST.values(), *(k for k in keys if k.startswith("eval/") or k.startswith("train/lr/"))]
+    series = _histories(client, run_id, [k for k in dict.fromkeys(plain) if k in keys])
+    dropped = {int(m.group(1)): history(client, run_id, k) for k in keys if (m := LAYER.match(k))}
+    dropped = {i: s for i, s in dropped.items() if s is not None}
+    if not dropped and "train/dropped_frac" in keys:
+        dropped = {-1: history(client, run_id, "train/dropped_frac")}  # only the mean was logged
+
+    loss = series.get("train/loss")
+    total = next((params[k] for k in ("train.stop_after", "schedule.horizon_steps", "train.steps")
+                  if str(params.get(k, "None")).isdigit()), "?")
+    overrides = json.loads(tags.get("overrides", "[]") or "[]")
+    summary = [
+        ("run", f"{run.info.run_name} ({run_id})"),
+        ("state", run.info.status),
+        ("started / ended", f"{_when(run.info.start_time) or '–'} / {_when(run.info.end_time) or '–'}"),
+        ("steps", f"{int(loss[0][-1]) if loss is not None else '–'} / {total}"),
+        ("final train loss", _num(_final(loss))),
+        ("final eval/macro_loss", _num(_final(series.get("eval/macro_loss")))),
+        ("tokens/s (median, 2nd half)", _num(_median_late(series.get("train/tokens_per_s")), ",.0f")),
+        ("MFU (median, 2nd half)", _num(_median_late(series.get("train/mfu")), ".2%")),
+        ("model / router / hardware", f"{tags.get('model', '?')} / {tags.get('router', '?')} / {tags.get('hardware', '?')}"),
+        ("git commit", f"{tags.get('git_commit', '?')}{' (dirty)' if tags.get('git_dirty') == 'true' else ''}"),
+        ("config hash", tags.get("config_hash")),
+        ("run directory", str(run_dir) if run_dir else tags.get("run_dir")),
+        ("overrides", " ".join(overrides) or "(none)"),
+    ]
+    if tags.get("sweep"):
+        summary.append(("sweep", f"{tags['sweep']} ({tags.get('sweep_id')})"))
+
+    lrs = {k: v for k, v in series.items() if k == "train/lr" or k.startswith("train/lr/")}
+    throughput = {k: series[k] for k in ("train/tokens_per_s",) if k in series}
+    mfu = {k: series[k] for k in ("train/mfu",) if k in series}
+    loads = expert_load.read(run_dir) if run_dir else None
+    forecast_note = ("" if FORECAST["predicted"] in series else
+                     f'<p class="none">no registered forecast ({FORECAST["predicted"]} not logged)</p>')
+    sections = [
+        _section("summary", "Summary", _table(summary)),
+        _section("losses", "Losses", (plot_losses(series) or "") + forecast_note),
+        _section("learning-rate", "Learning rate per parameter group", plot_lines(lrs, "learning rate")),
+        _section("grad-norm", "Gradient norm", plot_lines({k: series[k] for k in ("train/grad_norm",) if k in series},
+                                                          "global gradient norm", log=True)),
+        _section("dropped", "Dropped fraction per layer",
+                 plot_per_layer(dropped, "dropped fraction of assignments")),
+        _section("expert-load", "Expert load over time",
+                 plot_expert_load(*loads) if loads is not None else None,
+                 missing=f"no {expert_load.FILE} in the run directory"),
+        _section("throughput", "Throughput", "".join(filter(None, (plot_lines(throughput, "tokens/s", log=True),
+                                                                   plot_lines(mfu, "MFU"))))),
+    ]
+    return _page(f"run {run.info.run_name}", sections)
+
+
+def run_page(rec: record.RunRecord, client=None) -> str:
+    """A run's page as it stands (its figures stay drawn for the next page of this process)."""
+    client = client or backend.client(rec.tracking_uri)
+    return run_html(client, client.get_run(rec.run_id), rec.run_dir)
+
+
+def write_run_report(rec: record.RunRecord, out: Path | None = None, log_to_mlflow: bool = True) -> Path:
+    """Write a run's page (default `<run dir>/report.html`) and log it (and the expert-load file)
+    to the run's MLflow artifacts."""
+    client = backend.client(rec.tracking_uri)
+    page = run_page(rec, client)
+    path = Path(out) if out else rec.run_dir / REPORT
+    _write(path, page)
+    if log_to_mlflow:
+        client.log_artifact(rec.run_id, str(path))
+        if (rec.run_dir / expert_load.FILE).is_file():
+            client.log_artifact(rec.run_id, str(rec.run_dir / expert_load.FILE))
+    return path
+
+
+# ---------------------------------------------------------------------------- a sweep
+
+def sweep_html(client, parent) -> str:
+    tags = parent.data.tags
+    kids = sweep.children(client, parent)
+    rows, losses, evals = [], {}, {}
+    for kid in kids:
+        overrides = json.loads(kid.data.tags.get("sweep_overrides", "[]") or "[]")
+        label = sweep.child_name(overrides) or kid.info.run_name
+        loss = history(client, kid.info.run_id, "train/loss")
+        macro = history(client, kid.info.run_id, "eval/macro_loss")
+        tps = history(client, kid.info.run_id, "train/tokens_per_s")
+        if loss is not None:
+            losses[label] = loss
+        if macro is not None:
+            evals[label] = macro
+        rows.append((label, " ".join(overrides) or "–", kid.info.status,
+                     int(loss[0][-1]) if loss is not None else "–", _num(_final(loss)), _num(_final(macro)),
+                     _num(_median_late(tps), ",.0f"), kid.info.run_id))
+    jobs = _table(rows, ("job", "overrides", "state", "steps", "train loss", "eval/macro_loss", "tokens/s", "run id"))
+    summary = [("sweep", f"{tags.get('sweep')} ({tags.get('sweep_id')})"),
+               ("parent run", f"{parent.info.run_id} ({parent.info.status})"),
+               ("jobs", f"{len(kids)}{' of ' + tags['expected_jobs'] if tags.get('expected_jobs') else ''}"),
+               ("swept", tags.get("sweep_params") or "–"),
+               ("directory", tags.get("sweep_dir"))]
+    sections = [
+        _section("summary", "Summary", _table(summary)),
+        _section("jobs", "Jobs side by side", jobs if rows else None, missing="no jobs yet"),
+        _section("losses", "Training loss", plot_lines(losses, "train/loss")),
+        _section("eval-losses", "Evaluation loss", plot_lines(evals, "eval/macro_loss")),
+    ]
+    return _page(f"sweep {tags.get('sweep')} ({tags.get('sweep_id')})", sections)
+
+
+def write_sweep_report(client, parent, out: Path | None = None, log_to_mlflow: bool = True) -> Path:
+    """Write a sweep's page (default `<sweep dir>/report.html`) and log it to the parent run."""
+    page = sweep_html(client, parent)
+    folder = parent.data.tags.get("sweep_dir")
+    path = Path(out) if out else (Path(folder) if folder else Path.cwd()) / REPORT
+    _write(path, page)
+    if log_to_mlflow:
+        client.log_artifact(parent.info.run_id, str(path))
+    return path
+
+
+def _write(path: Path, page: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)

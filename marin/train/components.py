@@ -1,0 +1,160 @@
+"""What the Trainer's step loop calls, each deciding for itself when to act (marin.train.trainer):
+
+    MetricLogger   each step's metrics, timed from one step's completion to the next; the
+                   progress bar; expert-load snapshots; a non-finite loss stops
+    Evaluator      `due(step)`, `run(step, state)`: eval losses, data counters, the forecast check
+    (the Checkpointer, marin.train.checkpoint, is the third: `due(step, rolling)`, `save`)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+
+from marin.model import accounting
+from marin.optim import lr_at
+from marin.track import record
+from marin.track.forecast_check import Check
+
+log = logging.getLogger("marin.train")
+
+# A non-finite loss this soon after a restore is blamed on the checkpoint, not the lr.
+RESTORE_SUSPECT_STEPS = 10
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class MetricLogger:
+    """`step(n, metrics)` logs optimizer step n, waiting for it to complete: a step's time runs
+    from the previous step's completion to its own (waiting one step behind instead would time
+    the dispatch wherever the device runs a step inline, as XLA:CPU does). `paused(name, n)` times
+    what it wraps (eval, checkpoint) as `time/<name>_s` and keeps it out of the next step's time,
+    so train/tokens_per_s and train/mfu measure steps only."""
+
+    def __init__(self, cfg, tracker, loads, start: int, stop: int, restored_from=None, enabled: bool = True):
+        import jax
+
+
+        self.cfg, self.tracker, self.loads = cfg, tracker, loads
+        self.start, self.stop, self.restored_from = start, stop, restored_from
+        self.tokens_per_step = cfg.train.seq_len * cfg.train.global_batch
+        self.flops_per_step = 3 * accounting.flops_per_token(cfg) * self.tokens_per_step
+        self.peak = cfg.hardware.peak_flops_per_device * jax.device_count()
+        self.progress = _Progress(start, stop, enabled)
+        self.last_done = time.perf_counter()
+        self.summary: dict = {}
+
+    @contextlib.contextmanager
+    def paused(self, name: str, n: int):
+        began = time.perf_counter()
+        yield
+        self.last_done = time.perf_counter()
+        self.tracker.log_metrics({f"time/{name}_s": self.last_done - began}, n)
+
+    def write(self, line: str) -> None:
+        self.progress.write(line)
+
+    def close(self) -> None:
+        self.progress.close()
+
+    def step(self, n: int, metrics) -> None:
+        """Log the metrics of optimizer step n (the update from state n − 1): the metrics of
+        step n, the eval and checkpoint after it, and `marin.status` all say n."""
+        import jax
+        import numpy as np
+
+
+        metrics = jax.device_get(metrics)  # waits for step n to complete
+        now = time.perf_counter()
+        seconds, self.last_done = max(now - self.last_done, 1e-9), now
+        values = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
+        if not math.isfinite(values["loss"]):
+            raise NonFiniteLoss(self._non_finite(n, values["loss"]))
+        row = {f"train/{k}": v for k, v in values.items()}
+        row.update({f"train/{k.removesuffix('_per_layer')}/layer_{i}": float(x)
+                    for k, v in metrics.items() if np.ndim(v) == 1 for i, x in enumerate(v)})
+        tps = self.tokens_per_step / seconds
+        row.update({"train/tokens_per_s": tps, "train/model_flops_per_s": self.flops_per_step / seconds})
+        if self.peak > 0:
+            row["train/mfu"] = self.flops_per_step / seconds / self.peak
+        lrs = lr_at(self.cfg, n - 1)  # {group: lr} this update applied; train/lr is the Adam(W) one
+        row["train/lr"] = lrs.get("adamw", lrs.get("adam"))
+        if len(lrs) > 1:
+            row.update({f"train/lr/{group}": lr for group, lr in lrs.items()})
+        if n % self.cfg.train.log_every == 0 or n == self.stop:
+            self.tracker.log_metrics(row, n)
+        if "expert_load" in metrics and self.loads.wants(n, last=n == self.stop):
+            self.loads.add(n, metrics["expert_load"])
+        self.progress.update(n, values["loss"], tps)
+        self.summary = {"step": n, "loss": values["loss"]}
+
+    def _non_finite(self, n: int, loss: float) -> str:
+        if self.restored_from is not None and n - 1 - self.start < RESTORE_SUSPECT_STEPS:
+            return (f"non-finite loss ({loss}) at step {n}, {n - self.start} step(s) after restoring "
+                    f"{self.restored_from}: that checkpoint's state is the likely cause (move it aside to "
+                    "resume from the one before it)")
+        return (f"non-finite loss ({loss}) at step {n}: stopping. Lower optim.lr or check the data; the last "
+                "checkpoint is kept.")
+
+
+class Evaluator:
+    """Every `train.eval_every` steps before the last, and at the last: the eval sets' losses
+    (and their macro average), the data counters, and the registered forecast's check."""
+
+    def __init__(self, cfg, eval_step, loader, to_global, tracker, write, stop: int):
+
+        self.every, self.stop = cfg.train.eval_every, stop
+        self.eval_step, self.loader, self.to_global = eval_step, loader, to_global
+        self.tracker, self.write = tracker, write
+        self.check = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0 and step < self.stop
+
+    def run(self, step: int, state) -> dict:
+        import jax
+
+        self.tracker.log_metrics({f"data/tokens/{k}": v for k, v in self.loader.tokens_seen(step).items()}, step)
+        self.tracker.log_metrics({f"data/epochs/{k}": v for k, v in self.loader.epochs_seen(step).items()}, step)
+        losses = {}
+        for name, batches in self.loader.eval_batches().items():
+            values = [jax.device_get(self.eval_step(state, self.to_global(b))) for b in batches]
+            for key in values[0]:  # loss (dropless), and loss_dropped with eval.with_drops
+                losses[f"eval/{name}/{key}"] = sum(float(v[key]) for v in values) / len(values)
+        dropless = [v for k, v in losses.items() if k.endswith("/loss")]
+        if dropless:
+            losses["eval/macro_loss"] = sum(dropless) / len(dropless)
+            self.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
+        self.tracker.log_metrics(losses, step)
+        self.check(step, losses, self.write)
+        return losses
+
+
+class _Progress:
+    """A tqdm bar on stderr: step, loss, tokens/s and ETA (process 0 only)."""
+
+    def __init__(self, start: int, stop: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=stop, initial=start, disable=not enabled, file=sys.stderr,
+                        unit="step", dynamic_ncols=True, mininterval=0.5)
+        self.closed = False
+
+    def update(self, n: int, loss: float, tokens_per_s: float) -> None:
+        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+        self.bar.update(n - self.bar.n)
+
+    def write(self, line: str) -> None:
+        if not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+            record.to_run_log(line)  # the eval lines belong in the run directory's log too
+
+    def close(self) -> None:
+        if not self.bar.disable and self.bar.n > self.bar.initial and not self.closed:
+            record.to_run_log(str(self.bar))  # the bar's last state: steps, time, loss, tokens/s
+        self.closed = True
+        self.bar.close()
