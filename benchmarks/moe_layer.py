@@ -15,9 +15,10 @@ moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The
 compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch).
 
 With `--ep-devices 8` it instead compares the expert-parallel training transports on 8 forced host
-devices (mesh data 2 × expert 4): `moe[fixed]` against `moe[pooled]` (same capacity factor for
-C, S and R; `--waves` waves), forward + backward, reporting median ms, the time ratio and the
-dropped fraction of assignments. On a GPU node (8 GPUs) `--transports fixed,pooled,ragged` adds the
+devices (mesh data 2 × expert 4): `fixed` and `pooled` (the published pooled-wave transport),
+same capacity factor for C, the sender pool and the receive buffers, `--waves` waves (the local experts, --experts / 4, must divide by it),
+forward + backward, reporting median ms, the time ratio and the dropped fraction of assignments
+in all and by stage (sender, receiver). On a GPU node (8 GPUs) `--transports fixed,pooled,ragged` adds the
 ragged all-to-all, the published run's transport after step 81,716. `--skew` shifts each device's tokens by its own random
 direction (a per-device topic), so each device favours a few experts, as real batches do.
 
@@ -63,7 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
     p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host CPU devices")
     p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled | ragged (ragged on GPUs only: XLA:CPU cannot compile it), comma list")
-    p.add_argument("--waves", type=int, default=3, help="pooled: model.ep_waves")
+    p.add_argument("--waves", type=int, default=2,
+                   help="pooled: model.ep_waves; the local experts (--experts / (devices/2)) divide by it "
+                        "(production: 3 waves of 6 local experts, e.g. --ep-devices 8 --experts 24 --waves 3)")
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
     return p.parse_args(argv)
 
@@ -169,12 +172,12 @@ def transports_main(a):
         def step(p, x, module=module, bias=bias, mesh=mesh):
             def loss(p, x):
                 y, stats = module.apply(p, x[None], bias, train=True, mesh=mesh)
-                return jnp.sum(y) + stats["aux_loss"], stats["dropped_frac"]
+                return jnp.sum(y) + stats["aux_loss"], {k: v for k, v in stats.items() if k.startswith("dropped_frac")}
             return jax.grad(loss, argnums=(0, 1), has_aux=True)(p, x)
         steps[transport] = (jax.jit(step), (params, x))
     dropped = {}
     for name, (fn, args) in steps.items():     # compile + warm up
-        dropped[name] = float(jax.block_until_ready(fn(*args))[1])
+        dropped[name] = {k: float(v) for k, v in jax.block_until_ready(fn(*args))[1].items()}
     times = {name: [] for name in steps}
     for _ in range(a.rounds):
         for name, (fn, args) in steps.items():
@@ -185,9 +188,11 @@ def transports_main(a):
           f"jax {jax.__version__}; "
           f"T={a.tokens} d={a.d} ℓ={a.latent} I={a.width} E={a.experts} k={a.top_k} cf={a.capacity_factor} "
           f"waves={a.waves} skew={a.skew} dtype={a.dtype}")
-    print(f"{'transport':<12}{'ms':>9}{'vs ' + first:>12}{'dropped':>10}")
+    print(f"{'transport':<12}{'ms':>9}{'vs ' + first:>12}{'dropped':>10}{'send':>9}{'recv':>9}")
     for name in steps:
-        print(f"{name:<12}{med[name] * 1e3:>9.1f}{med[name] / med[first]:>11.2f}x{100 * dropped[name]:>9.3f}%")
+        d = dropped[name]
+        print(f"{name:<12}{med[name] * 1e3:>9.1f}{med[name] / med[first]:>11.2f}x{100 * d['dropped_frac']:>9.3f}%"
+              f"{100 * d['dropped_frac/send']:>8.3f}%{100 * d['dropped_frac/recv']:>8.3f}%")
 
 
 def main(argv=None):

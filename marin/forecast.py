@@ -16,6 +16,7 @@ A ladder or fit refused above, or a point without a band, writes nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -50,6 +51,12 @@ LADDER_FREE = ("model.name", "model.d_model", "model.num_layers", "model.expert_
                "dry_run", "wait", "reproduce", "resume", "forecast.")
 
 
+# A rung that stopped early (a crash) is completed linearly from its evaluations in this window of
+# its run, as the published ladder did for d2048 (stopped at 81%, spec §8); one that stopped
+# before EXTRAPOLATE_FROM is refused.
+EXTRAPOLATE_FROM, EXTRAPOLATE_TO = 0.6, 0.8
+
+
 class NotALadder(ValueError):
     """The sweep's runs cannot give a scaling law, or the fit is not to be trusted."""
 
@@ -62,13 +69,49 @@ class Rung:
     flops_per_step: float          # 3 × forward FLOPs/token without the head × tokens per step
     history: list[tuple[int, float]]  # (step, loss), sorted
     leaves: dict | None = None     # its composed config, flattened (what a ladder check compares)
+    line: tuple[float, float] | None = None  # (slope, intercept) past its last evaluation (`extrapolated`)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The last evaluated step of a rung completed by extrapolation; None for a whole run."""
+        return self.history[-1][0] if self.line is not None else None
+
+    def extrapolated_at(self, step: float) -> bool:
+        return self.line is not None and step > self.history[-1][0]
 
     def loss_at(self, step: float) -> float | None:
-        """The loss at `step`, linearly interpolated between evaluations; None outside them."""
+        """The loss at `step`, linearly interpolated between evaluations (past the last one, on
+        `line` up to the horizon); None outside them."""
         steps = [s for s, _ in self.history]
+        if self.extrapolated_at(step) and step <= self.steps:
+            slope, intercept = self.line
+            return float(intercept + slope * step)
         if not steps or step < steps[0] or step > steps[-1]:
             return None
         return float(np.interp(step, steps, [v for _, v in self.history]))
+
+
+def extrapolated(rung: Rung) -> Rung:
+    """`rung` itself if its evaluations reach its horizon; else completed by the line fitted to
+    its evaluations in [60%, 80%] of its run (up to where it stopped). Raises NotALadder for a
+    rung that stopped before 60%, or without two evaluations in that window."""
+    last = rung.history[-1][0] if rung.history else 0
+    if last >= rung.steps:
+        return rung
+    done = last / rung.steps
+    where = f"rung {rung.name} ({rung.run_id}) stopped at {done:.0%} of its run (step {last:,} of {rung.steps:,})"
+    if done < EXTRAPOLATE_FROM:
+        raise NotALadder(f"{where}: a rung is extrapolated only from {EXTRAPOLATE_FROM:.0%} on; "
+                         "finish or resume it, or leave it out of the sweep")
+    lo, hi = EXTRAPOLATE_FROM * rung.steps, EXTRAPOLATE_TO * rung.steps
+    window = [(s, v) for s, v in rung.history if lo <= s <= hi]
+    if len(window) < 2:
+        raise NotALadder(f"{where}: its {EXTRAPOLATE_FROM:.0%}–{EXTRAPOLATE_TO:.0%} window has "
+                         f"{len(window)} evaluation(s); extrapolating needs 2")
+    slope, intercept = np.polyfit([s for s, _ in window], [v for _, v in window], 1)
+    log.warning("%s: extrapolated linearly from its %d evaluations in %.0f%%–%.0f%%", where, len(window),
+                EXTRAPOLATE_FROM * 100, EXTRAPOLATE_TO * 100)
+    return dataclasses.replace(rung, line=(float(slope), float(intercept)))
 
 
 @dataclass
@@ -80,6 +123,7 @@ class Fit:
     r2: float
     points: list[tuple[float, float]]  # (C, L) of the rungs
     target_C: float | None = None
+    extrapolated: tuple = ()           # names of the rungs whose point here is extrapolated (`extrapolated`)
     band_fn: object = None             # C -> (low, high), the 95% band; None when it cannot be had
     t95: float | None = None           # Student t quantile of that band (its half-width in standard errors)
 
@@ -111,8 +155,8 @@ def rungs_of(client, parent, metric: str) -> list[Rung]:
             log.warning("run %s has no %s: left out of the fit", kid.info.run_id, metric)
             continue
         cfg = load_resolved(run_dir)
-        rungs.append(Rung(kid.info.run_name or kid.info.run_id, kid.info.run_id, horizon(cfg),
-                          training_flops_per_step(cfg), history, _composed_leaves(run_dir)))
+        rungs.append(extrapolated(Rung(kid.info.run_name or kid.info.run_id, kid.info.run_id, horizon(cfg),
+                                       training_flops_per_step(cfg), history, _composed_leaves(run_dir))))
     return rungs
 
 
@@ -221,12 +265,14 @@ def fit_with_E(C: np.ndarray, L: np.ndarray) -> tuple[float, float, float]:
 def fit_at(rungs: list[Rung], fraction: float, E: float | None) -> Fit | None:
     """The fit across rungs at `fraction` of each run's training; None with fewer than 2 points
     (3 when E is fitted) or a loss at or below a fixed E."""
-    points = []
+    points, guessed = [], []
     for r in rungs:
         step = fraction * r.steps
         loss = r.loss_at(step)
         if loss is not None:
             points.append((r.flops_per_step * step, loss))
+            if r.extrapolated_at(step):
+                guessed.append(r.name)
     if len(points) < (3 if E is None else 2):
         return None
     C, L = np.array([p[0] for p in points]), np.array([p[1] for p in points])
@@ -242,7 +288,8 @@ def fit_at(rungs: list[Rung], fraction: float, E: float | None) -> Fit | None:
     r2 = 1.0 - np.sum((L - predicted) ** 2) / total if total > 0 else 0.0  # flat losses explain nothing
     band = band_with_E(C, L, E_fit, A, alpha) if E is None else band_fixed_E(C, L, E_fit, A, alpha)
     dof = len(points) - (3 if E is None else 2)
-    return Fit(fraction, E_fit, A, alpha, float(r2), points, band_fn=band, t95=_t95(dof) if band else None)
+    return Fit(fraction, E_fit, A, alpha, float(r2), points, band_fn=band, t95=_t95(dof) if band else None,
+               extrapolated=tuple(guessed))
 
 
 def target_config(target: str, overrides: list[str]) -> Config:
@@ -328,7 +375,8 @@ def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, m
                     "sigma = band width / 2t",
             "sweep": {"parent_run_id": parent.info.run_id, "name": parent.data.tags.get("sweep"),
                       "dir": parent.data.tags.get("sweep_dir")},
-            "ladder": [{"name": r.name, "run_id": r.run_id, "steps": r.steps, "flops_per_step": float(r.flops_per_step)}
+            "ladder": [{"name": r.name, "run_id": r.run_id, "steps": r.steps, "flops_per_step": float(r.flops_per_step),
+                        **({"stopped_at": r.stopped_at} if r.stopped_at is not None else {})}
                        for r in rungs],
             "registered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "points": points}
@@ -343,8 +391,12 @@ def table(fits: list[Fit], target: str) -> str:
     lines = [f"{'at':>4}  {'rungs':>5}  {'E':>6}  {'A':>10}  {'alpha':>7}  {'R²':>6}  {'target C':>10}  "
              f"{target + ' loss':>14}  95% band"]
     for f in fits:
+        flag = f"  * extrapolated: {', '.join(f.extrapolated)}" if f.extrapolated else ""
         lines.append(f"{round(f.fraction * 100):>3}%  {len(f.points):>5}  {f.E:>6.3f}  {f.A:>10.4g}  {f.alpha:>7.4f}  "
-                     f"{f.r2:>6.3f}  {f.target_C:>10.3e}  {f.predict(f.target_C):>14.4f}  {_band_text(f)}")
+                     f"{f.r2:>6.3f}  {f.target_C:>10.3e}  {f.predict(f.target_C):>14.4f}  {_band_text(f)}{flag}")
+    if any(f.extrapolated for f in fits):
+        lines.append(f"* a rung that stopped early, its loss extended linearly from its "
+                     f"{EXTRAPOLATE_FROM:.0%}–{EXTRAPOLATE_TO:.0%} evaluations")
     return "\n".join(lines)
 
 

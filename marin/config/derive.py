@@ -121,6 +121,34 @@ def steps_from_budget(active_params: int, tokens_per_active_param: float, tokens
     return max(1, round(tokens_per_active_param * active_params / tokens_per_step))
 
 
+def warmup_steps(cfg: Config) -> int:
+    """Linear-warmup length: int(warmup_frac · train.steps), at least 1. Truncated, not rounded,
+    as production's levanter (`_convert_frac_or_steps`): 3,902 for the hero's 390,251 steps."""
+    return max(1, int(cfg.schedule.warmup_frac * cfg.train.steps))
+
+
+def phase_step_multiple(cfg: Config) -> int:
+    """Steps between the points where a whole number of mixture blocks (`schedule.mixture_block`
+    sequences) has been drawn: block / gcd(block, global batch); 1 when blocks are off."""
+    block = cfg.schedule.mixture_block
+    return block // math.gcd(block, cfg.train.global_batch) if block else 1
+
+
+def phase_boundary_steps(cfg: Config) -> list[int]:
+    """First step of each data phase after the first, from `data.phase_boundaries` (fractions of
+    the planned steps: the shortened horizon if set).
+
+    With `schedule.mixture_block` (production's rule, marin `_phase_1_start_step`): int(f · steps),
+    moved down to a multiple of `phase_step_multiple` (at least one multiple), so the new weights
+    start on a block edge: the hero's 0.8 · 390,251 → 312,192 (multiple 48 = 49,152 / gcd(49,152,
+    11,264)). Without: the nearest step."""
+    steps = cfg.schedule.horizon_steps or cfg.train.steps
+    if not cfg.schedule.mixture_block:
+        return [math.floor(f * steps + 0.5) for f in cfg.data.phase_boundaries]
+    multiple = phase_step_multiple(cfg)
+    return [max(multiple, max(1, int(f * steps)) // multiple * multiple) for f in cfg.data.phase_boundaries]
+
+
 def resolve(cfg: Config) -> Config:
     """Return a copy of `cfg` with every ``auto`` leaf replaced by its derived value.
 
@@ -172,6 +200,8 @@ def resolve(cfg: Config) -> Config:
     for decay in o.decay:  # a weight-decay rule reaches 0 at the last step unless told otherwise
         if is_auto(decay.end) and isinstance(t.steps, int):
             decay.end = t.steps
+        if is_auto(decay.origin):  # the line starts where the rule switches on unless told otherwise
+            decay.origin = decay.start
     return cfg
 
 

@@ -38,11 +38,13 @@ class ModelConfig:
     dispatch: str = setting("sort", "sort | ragged_dot | dense (reference paths)", choices=("sort", "ragged_dot", "dense"))
     ep_transport: str = setting("fixed", "training-time expert transport", choices=TRANSPORTS.names)
     ep_send_capacity_factor: float = setting(
-        1.25, "pooled: rows per wave from a device to a peer = cf · T·k / peers", range=POSITIVE)
+        1.25, "pooled: the sender pool = cf · T·k rows per device, one chunk of cf · T·k / (ep_waves · peers) "
+        "per wave and peer", range=POSITIVE)
     ep_recv_capacity_factor: float = setting(
-        1.25, "pooled: rows per wave per expert = cf · T·k / local experts; ragged: receive buffer = "
-        "cf · ep_waves · T·k rows", range=POSITIVE)
-    ep_waves: int = setting(3, "pooled: waves before anything drops (unneeded ones are skipped)", range=count(1))
+        1.25, "pooled: receive rows per wave = cf · T·k / ep_waves (cf · T·k / local experts per expert); "
+        "ragged: the shared receive buffer = cf · T·k rows", range=POSITIVE)
+    ep_waves: int = setting(3, "pooled: static waves, each over a stripe of every peer's local experts (local "
+                            "experts divisible by it)", range=count(1))
     eval_dropless: bool = setting(True, "evaluation runs without capacity drops")
     eval_dispatch: str = setting("waves", "waves (training capacity, repeated; bounded memory) | unbounded (C = T)",
                                  choices=("waves", "unbounded"))
@@ -55,6 +57,10 @@ class ModelConfig:
     offload_carry: bool = setting(False, "stage each layer's residual carry in host memory for the backward pass (needs remat)")
     compute_dtype: str = setting("float32", "matmul dtype (master weights stay float32)", choices=DTYPES)
     router_dtype: str = setting("float32", "the router matmul's output dtype (then cast to float32)", choices=DTYPES)
+    residual_dtype: str = setting("float32", "dtype of the residual stream (each layer's carry); the hero: bfloat16",
+                                  choices=DTYPES)
+    combine_dtype: str = setting("float32", "dtype the MoE layer's output is summed in (routed experts' "
+                                 "up-projection plus the shared experts); the hero: bfloat16", choices=DTYPES)
 
 
 @dataclass
@@ -78,6 +84,11 @@ class AttentionConfig:
                            range=POSITIVE)
     qk_mult_base: float = setting(1.3, "qk_mult of the pretraining stage: where auto starts", range=POSITIVE)
     xsa: bool = setting(True, "exclusive self-attention")
+    xsa_dtype: str = setting("float32", "dtype of the XSA projection (out − (out·v / v·v) v); the hero: bfloat16",
+                             choices=DTYPES)
+    rope_pairing: str = setting("halves", "dims RoPE rotates together: halves (i with i + r/2) | interleaved "
+                                "(2i with 2i+1: production's fused kernel, its checkpoints' layout)",
+                                choices=("halves", "interleaved"))
     output_gate: bool = setting(True, "per-head gate 2·sigmoid(x·W_gate)")
     conv_k: bool = setting(True, "causal conv after the K projection (model.conv_kernel taps)")
     impl: str = setting("auto", "the kernel; auto = cudnn on gpu in bf16, blockwise elsewhere",
@@ -118,6 +129,9 @@ class EvalSetConfig:
     kind: str = "text"                   # builtin | text | jsonl | parquet
     paths: List[str] = setting(help="as in a source; builtin: pydoc_data/heldout | stdlib/heldout", factory=list)
     text_field: str = "text"
+    subsets: bool = setting(False, "a folder of subsets (e.g. a site's Paloma copy, paths: [paloma/*/*.jsonl.gz]): "
+                            "each folder (or file) below the paths' fixed part is a set <name>/<subset>, "
+                            "averaged in eval/<name>/macro_loss and macro_bpb")
 
 
 @dataclass
@@ -126,11 +140,17 @@ class DataConfig:
     name: str = setting("builtin", "the option's name")
     root: str = setting(".", "site-specific: where relative paths resolve")
     tokenizer: str = setting("byte", "byte | path to a tokenizer.json (relative: project root)")
+    allow_vocab_mismatch: bool = setting(False, "let model.vocab_size exceed the tokenizer's ids rounded up to a "
+                                         "multiple of 128, plus 128 (docs/data.md)")
     sources: List[SourceConfig] = setting(factory=list)
     cells_file: Optional[str] = setting(None, "CSV of cells: name, tokens, weight_<phase> (relative: project root)")
     cells_paths: str = setting("cells/{name}/*.parquet", "each cell's files under data.root ({name}, {topic}, {quality})")
     cells_kind: str = setting("parquet", "text | jsonl | parquet: the cells' file format")
     cells_expected: Optional[int] = setting(None, "the cells file must list exactly this many cells", range=count(1))
+    cells_from_step: int = setting(0, "the step this cells file's weights apply from (a swap at resume: the "
+                                   "hero's 108,000); earlier steps drew data.cells_before's", range=count(0))
+    cells_before: Optional[str] = setting(None, "the cells file in force before data.cells_from_step (the "
+                                          "epoch accounting counts both)")
     phase_names: List[str] = setting(factory=lambda: ["pretrain"])
     phase_boundaries: List[float] = setting(help="fractions of the run in (0, 1)", factory=list)
     max_epochs: float = setting(8.0, "no source may repeat more than this", range=POSITIVE)
@@ -177,6 +197,8 @@ class HardwareConfig:
     setup: List[str] = setting(help="shell lines run before the job (module load, ...)", factory=list)
     peak_flops_per_device: float = setting(0.0, "for MFU; 0 = measure nothing, report no MFU", range=NON_NEGATIVE)
     memory_per_device_gib: Optional[float] = setting(None, "accelerator memory per device; None = unknown", range=POSITIVE)
+    host_memory_per_device_gib: Optional[float] = setting(
+        None, "host (CPU) memory per device for pinned-host offload; None = unknown", range=POSITIVE)
     memory_usable_fraction: float = setting(0.9, "of that memory, what a run may plan to use (allocator, NCCL buffers)",
                                             range=real(0.0, 1.0, lo_open=True))
     mesh: MeshConfig = setting(factory=MeshConfig)
@@ -186,14 +208,17 @@ class HardwareConfig:
 class DecayRule:
     """Decoupled weight decay on some parameters, decaying linearly to zero (`optim.decay`).
 
-    The coefficient is `value` at step `start`, falls linearly to 0 at step `end` and is 0
-    outside [start, end). Like AdamW's, it is multiplied by the group's learning rate.
+    The coefficient lies on the line from `value` at step `origin` to 0 at step `end`, and is 0
+    outside [start, end): `origin` < `start` switches a decay on part-way down its line (the
+    published run: 0.02 from step 0, on at 58,014, so 0.01703 there). Like AdamW's, it is
+    multiplied by the group's learning rate.
     List items: checked by `marin.optim.decay.check`.
     """
     pattern: str = "???"                 # a group (muonh | adamh | adam | adamw) or a path suffix on whole components: "attn/gate", "a|b/c"
     value: float = 0.0                   # coefficient at `start`, ≥ 0
     start: int = 0                       # first step with decay
     end: Any = AUTO                      # the coefficient reaches 0 here; auto = train.steps
+    origin: Any = AUTO                   # the line's coefficient is `value` here (≤ start); auto = start
 
 
 @dataclass
@@ -212,6 +237,9 @@ class OptimConfig:
     ns_steps: int = setting(5, "Newton–Schulz iterations", range=count(1))
     ns_dtype: str = setting("float32", "dtype of the Newton–Schulz iteration", choices=DTYPES)
     ns_eps: float = setting(1e-7, "Newton–Schulz normalisation: x / (‖x‖_F + ns_eps)", range=POSITIVE)
+    ns_coefficients: Any = setting(
+        "simple", "Newton–Schulz (a, b, c) per iteration: simple (one triple), quintic (the published 5-step "
+        "schedule) or a list of ns_steps [a, b, c] triples (checked by marin.optim.newton_schulz)")
     grad_clip: Optional[float] = setting(None, "global-norm clip; None = off", range=POSITIVE)
     offload: bool = setting(False, "optimizer state (and fp32 masters) in pinned host memory")
 
@@ -225,6 +253,9 @@ class ScheduleConfig:
     horizon_steps: Optional[int] = setting(None, "failure plan: a shortened horizon (≤ train.steps)", range=count(1))
     horizon_from_step: Optional[int] = setting(
         None, "resumed run: step the new horizon took effect (lr continuous there)", range=count(0))
+    mixture_block: int = setting(
+        0, "sequences per data-mixture block: a phase boundary moves down to a whole number of blocks "
+        "(production 49,152); 0 = the nearest step", range=count(0))
 
 
 @dataclass
@@ -279,8 +310,12 @@ class RunConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation (every train.eval_every steps; always dropless)."""
-    with_drops: bool = setting(False, "also log eval/<set>/loss_dropped, at the training capacity and transport")
+    """Held-out evaluation: every `train.eval_every` steps (the issue's `eval.every_steps`: one
+    field, kept where saved runs have it), at each registered forecast point and at the end;
+    always dropless, with drops too when `with_drops`. Metric names and the published ones:
+    `marin.train.components.Evaluator`."""
+    with_drops: bool = setting(False, "also log eval/<set>/loss_dropped and bpb_dropped, at the training capacity "
+                               "and transport (published: eval/<set>/loss; the dropless one: eval_dropless/...)")
 
 
 @dataclass

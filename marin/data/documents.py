@@ -11,8 +11,11 @@ decoded (bad UTF-8, bad JSON, a missing or non-string field, a null) is counted 
 """
 from __future__ import annotations
 
+import dataclasses
+import glob
 import gzip
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -105,3 +108,26 @@ def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
             yield doc
     except (OSError, EOFError) as err:  # EOFError: a truncated .gz
         raise UnreadableSource(f"reading failed: {err}") from err
+
+
+def eval_subsets(eval_set, root: Path) -> list:
+    """An eval set with `subsets` → one set per subset, named `<name>/<subset>`: the files its
+    paths match, grouped by the first folder (or, directly there, the file's stem) below each
+    path's fixed part (the folders before its first wildcard). Others: [eval_set]."""
+    if not getattr(eval_set, "subsets", False) or eval_set.kind == "builtin":
+        return [eval_set]
+    groups: dict[str, list[str]] = {}
+    for pattern in eval_set.paths:
+        parts = Path(pattern).parts
+        head = parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts) - 1)]
+        fixed = Path(*head) if head else Path(".")
+        base = fixed if fixed.is_absolute() else root / fixed
+        full = pattern if os.path.isabs(pattern) else str(root / pattern)
+        for f in sorted(glob.glob(os.path.expanduser(full), recursive=True)):
+            rel = Path(f).relative_to(base)
+            subset = rel.parts[0] if len(rel.parts) > 1 else rel.name.split(".")[0]
+            groups.setdefault(subset, []).append(str(Path(f)))
+    if not groups:
+        raise UnreadableSource(f"eval set {eval_set.name!r}: no file matches {list(eval_set.paths)} under {root}")
+    return [dataclasses.replace(eval_set, name=f"{eval_set.name}/{s}", paths=files, subsets=False)
+            for s, files in sorted(groups.items())]

@@ -14,6 +14,13 @@ read as a circle; a row is seq_len + 1 consecutive tokens of it (inputs and shif
 Either way a run restarted at step N sees exactly the batches an uninterrupted run would, and
 process p of P computes only its rows [p·B/P, (p+1)·B/P).
 
+**Read positions live in the checkpoint** (`position(step)`, restored by `resume(step, meta)`): the
+rows each source drew, per phase. A resume whose mixture differs (the hero's swap at step 108,000)
+continues every source where it was: rows drawn before step N ≥ R (the restored step) are the
+saved rows at R plus what the *current* weights draw over [R, N) (their closed form at N minus at
+R). With an unchanged mixture the saved rows equal the closed form, so the batches are the
+uninterrupted run's; either way a batch is a pure function of (seed, mixture history, step).
+
 NumPy only (no JAX). Batch arrays: ``inputs``/``targets`` int32 [b, T], ``segment_ids`` int32
 [b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (0 where
 the target belongs to another document than the input, or is padding), and ``source_counts``
@@ -80,8 +87,9 @@ class Loader:
         if self.sampling == "epoch":
             self._plan_epochs(weights)
         self._warn_epochs()
-        self._eval = None
+        self._eval = self._eval_bpt = None
         self._seen = (0, {})  # (step, totals): tokens_seen is incremental for increasing steps
+        self._anchor = None  # data.sampling=epoch after `resume`: (step, saved rows, rows offset [S])
 
     def _plan_epochs(self, weights: np.ndarray) -> None:
         """What `data.sampling=epoch` derives once: each phase's row intervals and the rows every
@@ -162,10 +170,13 @@ class Loader:
         last, before, counts = self._memo
         if last == step:
             return before
-        if last == step - 1:
+        if last == step - 1 and (self._anchor is None or step != self._anchor[0]):
             return before + counts
         p = self.phase(step)
-        return self._phase_rows[p] + self._rows_in_phase(p, step - self._starts[p])
+        rows = self._phase_rows[p] + self._rows_in_phase(p, step - self._starts[p])
+        if self._anchor is not None and step >= self._anchor[0]:
+            rows = rows + self._anchor[2]  # the saved positions, moved on by the current weights
+        return rows
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """This process's rows of the global batch at `step`."""
@@ -209,13 +220,71 @@ class Loader:
         return dict(totals)
 
     def _epoch_tokens_seen(self, step: int) -> dict[str, int]:
-        totals = {}
+        return {k: rows * self.seq_len for k, rows in self._epoch_rows_seen(step).items()}
+
+    def _closed_rows(self, step: int) -> dict[str, int]:
+        """{"<source>/<phase>": rows} the current mixture's closed form draws over [0, step)."""
+        rows = {}
         for p, start in enumerate(self._starts):
             stop = self._starts[p + 1] if p + 1 < len(self._starts) else step
-            rows = self._rows_in_phase(p, min(step, stop) - start)
-            for i in np.flatnonzero(rows):
-                totals[f"{self.source_names[i]}/{self.phase_names[p]}"] = int(rows[i]) * self.seq_len
-        return totals
+            drawn = self._rows_in_phase(p, min(step, stop) - start)
+            for i in np.flatnonzero(drawn):
+                rows[f"{self.source_names[i]}/{self.phase_names[p]}"] = int(drawn[i])
+        return rows
+
+    def _epoch_rows_seen(self, step: int) -> dict[str, int]:
+        """{"<source>/<phase>": rows drawn over [0, step)}: after `resume` at R ≤ step, the saved
+        rows at R plus the current mixture's rows over [R, step)."""
+        now = self._closed_rows(step)
+        if self._anchor is None or step < self._anchor[0]:
+            return now
+        at, saved, _ = self._anchor
+        then = self._closed_rows(at)
+        rows = dict(saved)
+        for k in set(now) | set(then):
+            if extra := now.get(k, 0) - then.get(k, 0):
+                rows[k] = rows.get(k, 0) + extra
+        return {k: v for k, v in rows.items() if v}
+
+    def position(self, step: int) -> dict:
+        """What a checkpoint at `step` keeps of the data: each source's rows drawn, per phase
+        (`data.sampling=epoch`: its read position is their sum), with the row length they count."""
+        if self.sampling == "epoch":
+            rows = self._epoch_rows_seen(step)
+        else:
+            rows = {k: v // self.seq_len for k, v in self.tokens_seen(step).items()}
+        return {"sampling": self.sampling, "seq_len": self.seq_len, "rows": rows}
+
+    def resume(self, step: int, meta: dict) -> None:
+        """Continue from a checkpoint's `meta` (its `tokens_seen` and `data` = `position(step)`).
+
+        `data.sampling=epoch`: every source continues from its saved read position whatever the
+        current weights, which apply from `step` on. A checkpoint without positions, or with
+        another row length or sampling, continues from the current mixture's closed form (the
+        behaviour before positions were saved)."""
+        self.resume_tokens_seen(step, meta.get("tokens_seen", {}))
+        data = meta.get("data") or {}
+        if self.sampling != "epoch":
+            return
+        if data.get("sampling") != "epoch" or data.get("seq_len") != self.seq_len:
+            if data:
+                log.warning("the checkpoint's read positions (sampling %s, seq_len %s) do not apply to "
+                            "sampling epoch, seq_len %d: positions follow the current mixture",
+                            data.get("sampling"), data.get("seq_len"), self.seq_len)
+            return
+        saved = {k: int(v) for k, v in data.get("rows", {}).items()}
+        drawn = np.zeros(len(self.sources), np.int64)
+        index = {n: i for i, n in enumerate(self.source_names)}
+        for k, v in saved.items():
+            if (i := index.get(k.rsplit("/", 1)[0])) is not None:
+                drawn[i] += v
+        self._anchor = None
+        self._memo = (-2, None, None)
+        closed = self._rows_before(step)
+        self._anchor = (step, saved, drawn - closed)
+        if (moved := int(np.abs(drawn - closed).sum())):
+            log.info("data: read positions restored at step %d (%d rows away from the current "
+                     "mixture's closed form): each source continues where it was", step, moved)
 
     def epochs_seen(self, step: int) -> dict[str, float]:
         """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens
@@ -241,6 +310,29 @@ class Loader:
             self._eval = {name: self._eval_set(shard) for name, shard in self.eval_shards.items()}
         return self._eval
 
+    def eval_bytes_per_token(self) -> dict[str, float]:
+        """{set: UTF-8 bytes per scored token} of the eval batches (all processes' rows): the
+        targets the loss counts (loss mask 1), their bytes as the tokenizer decodes them (the
+        end-of-document id: none). bits per byte = loss (nats per token) / ln 2 / this."""
+        if self._eval_bpt is None:
+            self._eval_bpt = {name: self._bytes_per_token(shard) for name, shard in self.eval_shards.items()}
+        return self._eval_bpt
+
+    def _bytes_per_token(self, shard: Shard) -> float:
+        T, B = self.seq_len, self.global_batch
+        rows_available = max(1, -(-(shard.num_tokens - 1) // T))
+        count = max(1, min(self.cfg.train.eval_batches, -(-rows_available // B)))
+        rows = np.arange(min(count * B, rows_available))
+        idx = rows[:, None] * T + np.arange(T + 1)
+        valid = idx < shard.num_tokens
+        safe = np.where(valid, idx, 0)
+        doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
+        scored = (doc[:, 1:] == doc[:, :-1]) & (doc[:, :-1] >= 0)
+        targets = np.asarray(shard.tokens[safe[:, 1:][scored]], np.int64)
+        if not targets.size:
+            return float("nan")
+        return _utf8_bytes(self.tokenizer, targets) / targets.size
+
     def _eval_set(self, shard: Shard) -> list[dict[str, np.ndarray]]:
         T, B = self.seq_len, self.global_batch
         rows_available = max(1, -(-(shard.num_tokens - 1) // T))
@@ -255,6 +347,14 @@ class Loader:
             doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
             batches.append(_pack(window, doc, T))
         return batches
+
+
+def _utf8_bytes(tokenizer, ids: np.ndarray) -> int:
+    """UTF-8 bytes of token ids (special ids — end of document, padding — count none)."""
+    if getattr(tokenizer, "name", None) == "byte":
+        return int((ids < 256).sum())  # one byte each, exactly
+    ids = ids[ids != tokenizer.eos_id] if tokenizer.eos_id is not None else ids
+    return len(tokenizer.decode(ids).encode("utf-8"))  # one decode: multi-token characters stay whole
 
 
 def _pack(window: np.ndarray, doc: np.ndarray, T: int) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import glob
 import gzip
 import math
@@ -19,6 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from marin.config.derive import phase_boundary_steps
 from marin.config.paths import project_path
 from marin.data import builtin
 from marin.data.tokenizers import BYTE, check_vocab, load_tokenizer, tokenizer_path
@@ -124,9 +126,8 @@ def run_steps(cfg) -> int:
 
 
 def boundary_steps(cfg) -> list[int]:
-    """First step of each phase after the first: fraction × planned steps, rounded."""
-    steps = run_steps(cfg)
-    return [math.floor(f * steps + 0.5) for f in cfg.data.phase_boundaries]
+    """First step of each phase after the first (the rule: marin.config.derive.phase_boundary_steps)."""
+    return phase_boundary_steps(cfg)
 
 
 def phase_tokens(cfg) -> list[int]:
@@ -136,18 +137,39 @@ def phase_tokens(cfg) -> list[int]:
     return [max(0, b - a) * per_step for a, b in zip(edges, edges[1:])]
 
 
+def phase_tokens_between(cfg, lo: int, hi: int) -> list[int]:
+    """Each phase's tokens over the steps [lo, hi)."""
+    edges = [0, *boundary_steps(cfg), run_steps(cfg)]
+    per_step = cfg.train.seq_len * cfg.train.global_batch
+    return [max(0, min(b, hi) - max(a, lo)) * per_step for a, b in zip(edges, edges[1:])]
+
+
+def _cells_before(cfg) -> dict[str, tuple[float, ...]]:
+    """{cell: weights} of `data.cells_before` (the mixture before a swap at `data.cells_from_step`)."""
+    if not (cfg.data.cells_before and cfg.data.cells_from_step):
+        return {}
+    earlier = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cells_file=cfg.data.cells_before))
+    return {c.name: c.weights for c in read_cells(earlier)[0]}
+
+
 def epochs_per_source(cfg, available: dict[str, int] | None = None) -> dict[str, list[float]]:
     """{source: [epochs drawn in each phase]} = weight × phase tokens / available tokens.
 
     Only sources whose available tokens are known appear: from the config (`tokens`, the cells
-    file) or from `available` (e.g. the prepared cache's counts).
+    file) or from `available` (e.g. the prepared cache's counts). A cell swap at step S
+    (`data.cells_from_step`, `data.cells_before`: the hero's at 108,000) counts the earlier weights
+    over [0, S) and the current ones after: read positions continue across it.
     """
     budgets = phase_tokens(cfg)
+    before = _cells_before(cfg)
+    swap = cfg.data.cells_from_step if before else 0
+    early, late = phase_tokens_between(cfg, 0, swap), phase_tokens_between(cfg, swap, run_steps(cfg))
     out = {}
     for src in sources(cfg):
         known = (available or {}).get(src.name, src.tokens)
         if known and len(src.weights) == len(budgets):
-            out[src.name] = [w * t / known for w, t in zip(src.weights, budgets)]
+            old = before.get(src.name, src.weights) if src.field == "data.cells_file" else src.weights
+            out[src.name] = [(w0 * t0 + w * t) / known for w0, t0, w, t in zip(old, early, src.weights, late)]
     return out
 
 
@@ -295,6 +317,14 @@ def _cells_problems(cfg) -> list[tuple[str, str]]:
         return [("data.cells_paths", f"may name {{name}}, {{topic}}, {{quality}}; got {data.cells_paths!r} ({err})")]
     cells, messages = read_cells(cfg)
     problems = [("data.cells_file", m) for m in messages]
+    if data.cells_before is not None and not config_path(data.cells_before).is_file():
+        problems.append(("data.cells_before", f"no cells file at {config_path(data.cells_before)}"))
+    elif data.cells_before is not None and not messages:
+        earlier = {c.name for c in read_cells(dataclasses.replace(cfg, data=dataclasses.replace(
+            data, cells_file=data.cells_before)))[0]}
+        if earlier != {c.name for c in cells}:
+            problems.append(("data.cells_before", "must list the same cells as data.cells_file (a swap "
+                             f"changes weights, not cells): {len(earlier ^ {c.name for c in cells})} differ"))
     names = [c.name for c in cells]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -364,5 +394,6 @@ def _tokenizer_problems(cfg) -> list[tuple[str, str]]:
         tok = load_tokenizer(cfg.data.tokenizer)
     except (FileNotFoundError, ValueError) as err:
         return [("data.tokenizer", str(err).removeprefix("data.tokenizer: "))]
-    msg = check_vocab(tok, cfg.model.vocab_size, cfg.data.tokenizer)
+    msg = check_vocab(tok, cfg.model.vocab_size, cfg.data.tokenizer,
+                      refuse_padding=not cfg.data.allow_vocab_mismatch)
     return [("data.tokenizer", msg)] if msg else []

@@ -15,6 +15,7 @@ written to a temporary folder and renamed into place, so concurrent preparers ne
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ from marin.config.paths import CONF_DIR
 from marin.config.store import register
 from marin.config.validate import ConfigError, load
 from marin.data import builtin, mixture
-from marin.data.documents import Counts, UnreadableSource, documents
+from marin.data.documents import Counts, UnreadableSource, documents, eval_subsets
 from marin.data.tokenizers import load_tokenizer, token_dtype
 
 log = logging.getLogger("marin.data")
@@ -152,6 +153,7 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
 
     Raises `UnreadableSource` naming the config field of a source that cannot be used.
     """
+    cfg = with_eval_subsets(cfg)
     tok = load_tokenizer(cfg.data.tokenizer)
     root, cache = mixture.data_root(cfg), cache_dir(cfg)
 
@@ -218,6 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.argv = saved
     return status["code"]
+
+
+def with_eval_subsets(cfg):
+    """`cfg` with each `subsets` eval set replaced by its subsets (`documents.eval_subsets`); the same
+    `cfg` when none has them."""
+    if not any(getattr(e, "subsets", False) for e in cfg.data.eval_sets):
+        return cfg
+    root = mixture.data_root(cfg)
+    sets = [s for e in cfg.data.eval_sets for s in eval_subsets(e, root)]
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_sets=sets))
 
 
 if __name__ == "__main__":

@@ -83,10 +83,33 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
 
 
-def check_vocab(tokenizer, model_vocab_size: int, spec: str) -> str | None:
-    """A message if the tokenizer's ids do not fit the model's embedding; else None."""
-    if tokenizer.vocab_size > model_vocab_size:
+VOCAB_MULTIPLE = 128  # embeddings are padded to a multiple of this (Marin's 128,256 = 1,002 × 128)
+
+
+def vocab_range(tokenizer_vocab: int) -> tuple[int, int]:
+    """The `model.vocab_size` values that fit a tokenizer with this many ids, both ends included:
+    at least every id, at most the ids rounded up to a multiple of 128, plus 128 (padding for the
+    matmul shapes, and one spare block; more would be unused rows of the embedding and the head,
+    a sign the model and the tokenizer are not meant for each other). Byte (258 ids): 258–512;
+    Marin's tokenizer (128,256): 128,256–128,384."""
+    top = -(-tokenizer_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE + VOCAB_MULTIPLE
+    return tokenizer_vocab, top
+
+
+def check_vocab(tokenizer, model_vocab_size: int, spec: str, *, refuse_padding: bool = False) -> str | None:
+    """A message if the tokenizer's ids do not fit the model's embedding; else None.
+
+    A model vocabulary below the tokenizer's is always refused (ids past the embedding). With
+    `refuse_padding` (the launch checks, unless `data.allow_vocab_mismatch`), so is one above
+    `vocab_range`'s top."""
+    low, high = vocab_range(tokenizer.vocab_size)
+    if model_vocab_size < low:
         return (f"data.tokenizer ({spec}) has {tokenizer.vocab_size} ids but model.vocab_size is "
                 f"{model_vocab_size}: raise model.vocab_size to at least {tokenizer.vocab_size} "
                 "or use a smaller tokenizer")
+    if refuse_padding and model_vocab_size > high:
+        return (f"data.tokenizer ({spec}) has {tokenizer.vocab_size:,} ids but model.vocab_size is "
+                f"{model_vocab_size:,}: it must be {low:,}–{high:,} (the ids rounded up to a multiple of "
+                f"{VOCAB_MULTIPLE}, plus {VOCAB_MULTIPLE}); use the model's tokenizer (a path to its "
+                "tokenizer.json), fit model.vocab_size, or set data.allow_vocab_mismatch=true")
     return None

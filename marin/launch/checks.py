@@ -15,11 +15,13 @@ from marin.config import validate
 from marin.config.schema import Config
 from marin.data.mixture import check as check_data
 from marin.optim.decay import check as check_decay
+from marin.optim.newton_schulz import check as check_newton_schulz
 from marin.track.forecast_check import check_config as check_forecast
 from marin.train.init_from import problems as check_init_from
 
 CHECKS = (
     check_decay,       # optim.decay rules against the parameter table
+    check_newton_schulz,  # optim.ns_coefficients: a known schedule, or ns_steps triples
     check_init_from,   # train.init_from: its form, and its checkpoint
     check_data,        # sources, cells, phases, epochs, files, tokenizer
     check_forecast,    # forecast.registered matches this run

@@ -17,9 +17,14 @@ Per step it reports, per device (GiB = 2^30 bytes):
                                      and GiB moved per device (the larger side of each
                                      collective: all-gather's output, reduce-scatter's input).
 The top level adds `memory_limit_gib` (derive.memory_limit_gib) and `fits` (every step's peak ≤
-the limit; null where the hardware has no memory figure).
+the limit, and the pinned host bytes within `host_memory_limit_gib` where the hardware has that
+figure: `host_fits`; null where the hardware has no memory figure).
 
-A CPU compile is a close estimate, not a GPU measurement: README "What a CPU compile tells".
+`model.ep_transport=ragged` on XLA:CPU (which cannot compile `ragged_all_to_all`): the real step
+is lowered and its ragged collectives counted, the compiled figures are a stand-in's with the
+same buffer sizes (`train_step.stand_in`), and one `note:` line on stderr says so.
+
+A CPU compile is a close estimate, not a GPU measurement: docs/memory.md, "What a CPU compile can and cannot tell about a GPU".
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from marin.cli import fail
 from marin.config import derive
 from marin.config.derive import batch_shards
 from marin.launch.distributed import FORCED_DEVICES_FLAG
+from marin.launch.memory import host_limit_gib
 from marin.launch.plan import plan
 from marin.model.mesh import MeshError, make_mesh
 from marin.optim import build_optimizer
@@ -280,17 +286,60 @@ def compile_steps(cfg) -> dict:
     rows, spec = (r.train.global_batch, r.train.seq_len), batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(rows, dtype, sharding=spec) for k, dtype in
              (("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.float32))}
+    hp = hyperparams(r, mesh)  # the optimizer's numbers: an input of the step
+    stand_in = None
+    if r.model.ep_transport == "ragged" and r.hardware.mesh.expert > 1 and jax.default_backend() == "cpu":
+        stand_in = ragged_stand_in(r, tx, mesh, shardings, state, batch, hp)
     train_step, eval_step = jit_steps(r, tx, mesh, shardings)
     carry = None
-    if r.model.offload_carry:  # the layer scan's stacked carries [L, rows per device, T, d], float32
+    if r.model.offload_carry:  # the layer scan's stacked carries [L, rows per device, T, d]
         from marin.train.step import num_microbatches  # JAX: imported only when this runs
 
         per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
-        carry = f"f32[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
+        dtype = {"bfloat16": "bf16", "float16": "f16"}.get(str(getattr(r.model, "residual_dtype", "float32")), "f32")
+        carry = f"{dtype}[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
     staging = staged_bytes(abstract, shardings) if r.optim.offload else 0.0
-    hp = hyperparams(r, mesh)  # the optimizer's numbers: an input of the step
-    return {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging),
-            "eval_step": step_report(eval_step, state, batch)}
+    try:
+        out = {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging),
+               "eval_step": step_report(eval_step, state, batch)}
+    finally:
+        if stand_in is not None:
+            stand_in.pop("_restore")()
+    if stand_in is not None:
+        out["train_step"]["stand_in"] = stand_in
+    return out
+
+
+RAGGED_NOTE = ("XLA:CPU cannot compile ragged_all_to_all (ThunkEmitter: not supported): the train step's memory "
+               "and collectives are those of a stand-in with the same buffers (all_to_all + batched matmuls)")
+
+
+def ragged_stand_in(r, tx, mesh, shardings, state, batch, hp) -> dict:
+    """`model.ep_transport=ragged` on XLA:CPU, which lowers `ragged_all_to_all` but cannot compile
+    it: the real train step is lowered (its ragged collectives counted from the StableHLO), then
+    `expert_parallel`'s hooks are swapped for stand-ins with the same buffer sizes
+    (`stand_in_ragged_all_to_all`, `stand_in_grouped_matmul`) so the compiled memory figure is
+    the ragged transport's. Returns what it did (and a `_restore` to undo the swap)."""
+    import jax
+
+    from marin.model import expert_parallel as ep  # JAX: imported only when this runs
+    from marin.train import step  # JAX: imported only when this runs
+
+    real_train, _ = step._jit_steps(r, tx, mesh, shardings)   # not memoised: the stand-in's is traced anew
+    text = real_train.lower(state, batch, hp).as_text()
+    del real_train
+    saved = ep.RAGGED_ALL_TO_ALL, ep.GROUPED_MATMUL
+    ep.RAGGED_ALL_TO_ALL, ep.GROUPED_MATMUL = ep.stand_in_ragged_all_to_all, ep.stand_in_grouped_matmul
+    step._JITTED.clear()
+    jax.clear_caches()
+
+    def restore():
+        ep.RAGGED_ALL_TO_ALL, ep.GROUPED_MATMUL = saved
+        step._JITTED.clear()
+
+    print(f"note: {RAGGED_NOTE}", file=sys.stderr)
+    return {"note": RAGGED_NOTE, "lowered_ragged_all_to_all": text.count("ragged_all_to_all"),
+            "lowered_ragged_dot": text.count("ragged_dot"), "_restore": restore}
 
 
 def compile_plan(cfg) -> dict:
@@ -309,6 +358,12 @@ def compile_plan(cfg) -> dict:
                    "attention_impl": r.attention.impl},
     }
     out["memory_limit_gib"], out["fits"] = fits(steps, derive.memory_limit_gib(cfg.hardware))
+    host_limit = host_limit_gib(cfg.hardware)
+    out["host_memory_limit_gib"] = "unknown" if host_limit is None else round(host_limit, 3)
+    host = max(s["host_gib"] for s in steps.values())
+    out["host_fits"] = None if host_limit is None else host <= host_limit
+    if out["fits"] is not None and out["host_fits"] is False:
+        out["fits"] = False
     return out
 
 

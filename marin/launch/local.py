@@ -11,15 +11,16 @@ from marin.cli import fail
 from marin.data.prepare import UnreadableSource
 from marin.track import backend, record, secrets, worker
 from marin.track.errors import first_line
-from marin.train.components import NonFiniteLoss
-from marin.train.trainer import RunNotMade, Trainer, say
 
 
 def run_local(composed, resolved, overrides) -> record.RunRecord:
     """Make the run directory, then train in this process; returns the run's record. The
     tracking process (marin.track.worker) makes the MLflow run while JAX starts; a run that cannot
     be made stops before its first step with one line (exit 2), its directory removed."""
-    from marin.data.loader import Loader  # JAX: the loader and the trainer stay off the dry-run path
+    tracking = worker.Worker.get()  # first: MLflow's import runs in its own process while this one imports JAX
+    from marin.data.loader import Loader  # JAX (these four): imported after the worker started
+    from marin.train.components import NonFiniteLoss
+    from marin.train.trainer import RunNotMade, Trainer, say
 
     out = backend.out_dir(resolved)
     if (problem := _unwritable(out)) is not None:  # before the data cache or the run is written there
@@ -30,7 +31,6 @@ def run_local(composed, resolved, overrides) -> record.RunRecord:
             backend.check_reachable(uri)
         except backend.TrackingUnavailable as err:
             fail(f"tracking.uri: {err}")
-    tracking = worker.Worker.get()  # starts importing MLflow now, in its own process
     try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
         loader = Loader(resolved)
     except (UnreadableSource, ValueError, OSError) as err:

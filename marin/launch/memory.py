@@ -8,10 +8,28 @@ from marin.config.schema import Config
 from marin.model import accounting
 
 
+def host_limit_gib(hw) -> float | None:
+    """Pinned host memory a device may use (`hardware.host_memory_per_device_gib`); None = unknown."""
+    return getattr(hw, "host_memory_per_device_gib", None)
+
+
+def host_fits(cfg: Config, host_gib: float | None = None) -> bool | None:
+    """Whether the pinned host bytes (optim.offload, model.offload_carry: the estimate's "host")
+    are within the host memory per device; None where the hardware has no figure."""
+    limit = host_limit_gib(cfg.hardware)
+    if limit is None:
+        return None
+    host = accounting.memory_per_device(cfg)["host"] if host_gib is None else host_gib
+    return host <= limit
+
+
 def fits(cfg: Config, estimate_gib: float) -> bool | None:
-    """Whether the estimate is within derive.memory_limit_gib; None where the hardware has no figure."""
+    """Whether the estimate is within derive.memory_limit_gib, and the host bytes within the host
+    memory per device where the hardware gives it; None where the hardware has no device figure."""
     limit = derive.memory_limit_gib(cfg.hardware)
-    return None if limit is None else estimate_gib <= limit
+    if limit is None:
+        return None
+    return estimate_gib <= limit and host_fits(cfg) is not False
 
 
 def device_peak(cfg: Config) -> float:
@@ -21,14 +39,22 @@ def device_peak(cfg: Config) -> float:
 
 def over_memory(cfg: Config) -> str | None:
     """One line with the figures when the run's memory estimate exceeds the device's usable
-    memory (None when it fits or the hardware has no figure)."""
+    memory, or its pinned host bytes the host memory per device (None when it fits or the
+    hardware has no figure)."""
     hw = cfg.hardware
-    train, evaluation = accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg)
+    memory = accounting.memory_per_device(cfg)
+    train, evaluation = memory["total"], accounting.eval_memory_per_device(cfg)
     estimate = max(train, evaluation)
-    if fits(cfg, estimate) is not False:
-        return None
-    step = "train" if train >= evaluation else "eval"
-    return (f"memory: the estimate is {estimate:.1f} GiB per device ({step} step), over the {derive.memory_limit_gib(hw):.1f} GiB "
-            f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
-            f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
-            f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
+    limit = derive.memory_limit_gib(hw)
+    if limit is not None and estimate > limit:
+        step = "train" if train >= evaluation else "eval"
+        return (f"memory: the estimate is {estimate:.1f} GiB per device ({step} step), over the {limit:.1f} GiB "
+                f"this hardware allows ({hw.name}: hardware.memory_per_device_gib {hw.memory_per_device_gib} × "
+                f"memory_usable_fraction {hw.memory_usable_fraction}); lower train.micro_batch, offload "
+                f"(optim.offload, model.remat) or set plan.allow_over_memory=true")
+    if limit is not None and host_fits(cfg, memory["host"]) is False:
+        return (f"memory: the estimate puts {memory['host']:.1f} GiB per device in pinned host memory, over the "
+                f"{host_limit_gib(hw):.1f} GiB of host memory per device ({hw.name}: "
+                f"hardware.host_memory_per_device_gib); offload less (optim.offload, model.offload_carry) or set "
+                f"plan.allow_over_memory=true")
+    return None

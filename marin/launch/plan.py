@@ -17,6 +17,7 @@ from marin.data import mixture
 from marin.launch.memory import device_peak, fits, over_memory
 from marin.launch.slurm import describe, slurm_parameters
 from marin.model import accounting
+from marin.optim.decay import describe as decay_lines
 
 MFU_FOR_DAYS = 0.2  # the low end of the published run's 20–23% MFU (spec §6)
 DATA_ROWS = 12      # the table lists the most repeated sources; the JSON lists all
@@ -43,6 +44,8 @@ def plan(cfg: Config) -> dict:
             "latent_dim": s.latent, "expert_width": s.I, "num_shared_experts": s.S,
             "shared_width": s.I_s, "vocab_size": s.V, "gated_norm_rank": s.r,
             "router": cfg.router.kind, "capacity_factor": cfg.model.capacity_factor,
+            "ep_transport": cfg.model.ep_transport, "ep_send_capacity_factor": cfg.model.ep_send_capacity_factor,
+            "ep_recv_capacity_factor": cfg.model.ep_recv_capacity_factor, "ep_waves": cfg.model.ep_waves,
         },
         "total_params": accounting.total_params_of(s),
         "total_params_all_leaves": accounting.all_leaves_of(s),
@@ -63,7 +66,8 @@ def plan(cfg: Config) -> dict:
         "b1": o.b1,
         "b2": o.b2,
         "eps": o.eps,
-        "warmup_steps": round(cfg.schedule.warmup_frac * t.steps),
+        "warmup_steps": derive.warmup_steps(cfg),
+        "decay": decay_lines(cfg),  # optim.decay: each rule's line and where it switches on
         "final_lr_ratio": cfg.schedule.final_ratio,
         "hardware": hw.name,
         "racks": hw.racks,
@@ -91,6 +95,7 @@ def plan(cfg: Config) -> dict:
     if epochs is not None:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
+        out["data_phase_starts"] = derive.phase_boundary_steps(cfg)
     return out
 
 
@@ -136,6 +141,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                           f"{m['kv_heads_global']} global, qk_mult {m['qk_mult']:.4f}"),
             ("experts", f"{m['num_experts']} top-{m['top_k']} ({m['router']}, capacity {m['capacity_factor']}), "
                         f"latent {m['latent_dim']}, width {m['expert_width']}"),
+            ("expert transport", _transport(m)),
             ("shared experts", f"{m['num_shared_experts']} × width {m['shared_width']}"),
             ("vocabulary", f"{m['vocab_size']:,}  (GatedNorm rank {m['gated_norm_rank']})"),
         ]),
@@ -153,7 +159,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("micro batch / device", f"{p['micro_batch']}"),
             ("optimizer", f"{p['optimizer']}: " + ", ".join(f"lr[{g}] {v:.4e}" for g, v in p["lr"].items())),
             ("b1, b2, eps", f"{p['b1']}, {p['b2']:.6g}, {p['eps']:.4e}"),
-        ]),
+        ] + [("decay" if i == 0 else "", line) for i, line in enumerate(p.get("decay", []))]),
         ("layout", [
             ("hardware", p["hardware"] + (f" × {p['racks']} racks" if p.get("racks", 1) != 1 else "")),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
@@ -178,7 +184,9 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         if len(most) > DATA_ROWS:
             rows.append(("…", f"{len(most) - DATA_ROWS} more (dry_run=json lists all)"))
         phases = " / ".join(p["data_phases"])
-        sections.append((f"data: epochs per source in {phases} (most repeated first)", rows))
+        starts = ", ".join(f"{s:,}" for s in p.get("data_phase_starts", []))
+        starts = f"; later phases from step {starts}" if starts else ""
+        sections.append((f"data: epochs per source in {phases} (most repeated first{starts})", rows))
     return sections
 
 
@@ -211,3 +219,13 @@ def print_plan(cfg: Config, as_json: bool = False) -> None:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     if "submission" in p:
         print(describe(cfg))
+
+
+def _transport(m: dict) -> str:
+    """The training-time expert transport and its capacities (model.ep_*)."""
+    kind, send, recv = m["ep_transport"], m["ep_send_capacity_factor"], m["ep_recv_capacity_factor"]
+    if kind == "pooled":
+        return f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} waves"
+    if kind == "ragged":
+        return f"ragged: shared receive buffer {recv} × T·k"
+    return f"fixed: capacity {m['capacity_factor']} per expert"

@@ -9,6 +9,10 @@ are immutable, so a change is recorded as a tag (`resume_<n>`) and a new config 
 (`record/resolved.resume-<n>.yaml`, also kept in the run directory); record.json lists resumes,
 updated only once the checkpoint is restored (on Slurm: once the job is submitted).
 
+A mixture change (`data=…`, `data.sources`, the cells file; spec §8: the step-108,000 weights)
+keeps every source's read position (saved in the checkpoint, `marin.data.loader`) and applies the
+new weights from the restored step: tag `data_mixture` ("<name> from step N (…)").
+
 `train.stop_after` belongs to one invocation: a resume runs to the end unless it is given again.
 Overrides that change the train state's structure (model shapes, optimizer tree) are refused
 before anything is written: no checkpoint could be restored into that state (use reproduce=).
@@ -43,6 +47,7 @@ log = logging.getLogger("marin.resume")
 
 IGNORED = ("resume", "reproduce", "dry_run", "wait", "tracking.uri", "train.stop_after")   # not changes of the run
 PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
+MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 
 
 def _key(override: str) -> str:
@@ -191,5 +196,12 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
             client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
                            f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
                            f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
+        if any(k in MIXTURE_KEYS for k in changes):
+            # A mixture swap (spec §8: the step-108,000 weights): every source continues from its
+            # read position in the checkpoint; the new weights apply from `step` on.
+            d = resolved.data
+            client.set_tag(rec.run_id, "data_mixture", record._tag_value(  # noqa: SLF001
+                f"{d.name} from step {step} (" + ", ".join(k for k in changes if k in MIXTURE_KEYS)
+                + (f"; cells {d.cells_file}" if d.cells_file else "") + "); read positions kept"))
     client.set_tag(rec.run_id, "resumes", str(n))
     record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])

@@ -164,7 +164,9 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 # Each phase is counted in the layout's own arrays (per device, one micro-batch of `tokens`):
 #   X  one fp32 [tokens, d] array (the residual stream, its cotangent, norms' outputs);
 #   A  one fp32 [tokens, H·h] array (queries, attention outputs and their cotangents);
-#   D  one fp32 dispatch buffer, E·C rows of max(ℓ, I) (marin/model/dispatch.py, expert_parallel.py);
+#   D  one fp32 dispatch buffer of the training transport (`dispatch_rows`: E·C rows for fixed, one
+#      wave's for pooled, the shared receive buffer for ragged) of max(ℓ, I) (marin/model/dispatch.py,
+#      expert_parallel.py); evaluation's: E·C rows (or E·T unbounded);
 #   LAT one fp32 [tokens, ℓ] array (the latent: down-projected, normed, combined);
 #   LC one chunk of fp32 logits [micro, LOSS_CHUNK, V];  HV the head (or embedding) [d, V] fp32;
 #   LCD the same chunk for the whole per-device batch: with micro-batches the backward of the
@@ -228,6 +230,36 @@ def capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) 
     """Rows per expert on one device (marin/model/dispatch.py: cf·T·k/E up to a multiple of 8, ≤ T)."""
     c = math.ceil(capacity_factor * tokens * top_k / num_experts)
     return max(1, min(8 * math.ceil(c / 8), tokens))
+
+
+def _rows8(value: float) -> int:
+    return 8 * math.ceil(math.ceil(value) / 8)
+
+
+def dispatch_rows(cfg: Config, tokens: int) -> int:
+    """Rows of one dispatch buffer of the training transport (`model.ep_transport`) on one device
+    holding `tokens` tokens, as marin/model/dispatch.py and expert_parallel.py size them:
+      fixed   E·C (the [E, C, ℓ] send buffer; the receive side is as large);
+      pooled  ep_waves × one wave's max(peers·S, stripe·R) (its send chunks, one stripe's receive
+              buffer): as compiled inside a recomputed block (XLA:CPU, ladder_d768: pooled 15.05
+              GiB, fixed 15.64, ragged 15.61) the waves' buffers add up at the backward pass's
+              high-water mark like one fixed buffer, so their sum is what counts;
+      ragged  max(T·k, recv_factor·T·k): the sorted send rows and the shared receive buffer."""
+    s, m = Shapes.of(cfg), cfg.model
+    k, E = s.k, s.E
+    peers = max(1, int(cfg.hardware.mesh.expert))
+    local = max(1, E // peers)
+    n = tokens * k
+    if m.ep_transport == "pooled":
+        waves = max(1, int(m.ep_waves))
+        stripe = max(1, local // waves)
+        send = max(1, min(_rows8(m.ep_send_capacity_factor * n / (waves * peers)), tokens * min(k, stripe)))
+        recv = max(1, min(_rows8(m.ep_recv_capacity_factor * n / local), peers * min(send, tokens)))
+        return waves * max(peers * send, stripe * recv)
+    if m.ep_transport == "ragged":
+        rows = max(1, min(_rows8(m.ep_recv_capacity_factor * n), peers * tokens * min(k, local)))
+        return max(n, rows)
+    return E * capacity(tokens, k, E, m.capacity_factor)
 
 
 def layer_activations_per_token(s: Shapes, slots: float, impl: str) -> dict[str, float]:
@@ -304,10 +336,12 @@ def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch:
     s, m = Shapes.of(cfg), cfg.model
     unbounded = eval_dispatch and m.eval_dropless and m.eval_dispatch == "unbounded"
     cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
+    # Training: the transport's buffers; dropless evaluation: the fixed capacity's (in waves) or C = T.
+    rows = s.E * cap if eval_dispatch else dispatch_rows(cfg, tokens)
     T = cfg.train.seq_len
     chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
     return {"X": tokens * s.d * FP32, "A": tokens * s.H * s.h * FP32, "LAT": tokens * s.latent * FP32,
-            "D": s.E * cap * max(s.latent, s.I) * FP32, "LC": micro * chunk * s.V * FP32,
+            "D": rows * max(s.latent, s.I) * FP32, "LC": micro * chunk * s.V * FP32,
             "LCD": per_device * chunk * s.V * FP32,
             "HV": s.d * s.V * FP32, "W": _state(cfg)["layer_weights"]}
 
@@ -348,7 +382,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
 
     # Saved for the backward pass: every layer's values without remat; the carries (fp32) and,
     # with dots, the matmul outputs; offload_carry keeps the carries in host memory.
-    carry = tokens * s.d * FP32
+    carry = tokens * s.d * DTYPE_BYTES.get(str(getattr(m, "residual_dtype", "float32")), FP32)  # the residual stream
     if mode == "none":
         slots = s.E * capacity(tokens, s.k, s.E, m.capacity_factor) / tokens
         per_layer = sum(layer_activations_per_token(s, slots, cfg.attention.impl).values())

@@ -62,23 +62,48 @@ def attention_mask(segment_ids: jax.Array, is_global: jax.Array, window: int) ->
     return allowed | (distance == 0)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, rotary_dims: int, theta: float) -> jax.Array:
-    """Rotate the first `rotary_dims` dims of each head of x [B, T, H, h] (rotate-half pairing:
-    dim i with dim i + rotary_dims/2); the remaining dims pass through unchanged."""
+ROPE_PAIRINGS = ("halves", "interleaved")
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, rotary_dims: int, theta: float,
+               pairing: str = "halves") -> jax.Array:
+    """Rotate the first `rotary_dims` dims of each head of x [B, T, H, h]; the remaining dims pass
+    through unchanged. Pair i (frequency theta^(-i/half)) is, by `pairing` (`attention.rope_pairing`):
+
+    halves       dims (i, i + rotary_dims/2)  (rotate-half)
+    interleaved  dims (2i, 2i + 1)            (production's fused kernel; its checkpoints' layout)
+
+    The two are the same rotation up to a permutation of the rotated dims (`rope_permutation`),
+    so q·k, hence attention, agrees once q and k (their projections' columns) are permuted."""
+    if pairing not in ROPE_PAIRINGS:
+        raise ValueError(f"attention.rope_pairing: {pairing!r} is not one of {', '.join(ROPE_PAIRINGS)}")
     if rotary_dims == 0:
         return x
     half = rotary_dims // 2
     inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions.astype(jnp.float32)[:, None] * inv_freq          # [T, half]
     cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]  # broadcast over heads
-    x1, x2, rest = x[..., :half], x[..., half:rotary_dims], x[..., rotary_dims:]
-    rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
-    return jnp.concatenate(rotated + [rest], axis=-1).astype(x.dtype)
+    rest = x[..., rotary_dims:]
+    if pairing == "halves":
+        x1, x2 = x[..., :half], x[..., half:rotary_dims]
+        rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    else:
+        x1, x2 = x[..., 0:rotary_dims:2], x[..., 1:rotary_dims:2]
+        rotated = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(*x.shape[:-1], rotary_dims)
+    return jnp.concatenate([rotated, rest], axis=-1).astype(x.dtype)
 
 
-def exclude_self_value(out: jax.Array, v_self: jax.Array) -> jax.Array:
-    """XSA: out − (out·v / v·v) v per head, with v the position's own value vector [B, T, H, h]."""
-    v_self = v_self.astype(jnp.float32)
+def rope_permutation(head_dim: int, rotary_dims: int):
+    """Index list p with apply_rope(x, ..., "interleaved")[..., p] == apply_rope(x[..., p], ..., "halves"):
+    the halves layout's dim j is the interleaved layout's dim p[j] (even dims first, then odd; the
+    unrotated tail stays). Converts a checkpoint's q/k projection columns, per head, between the two."""
+    return [*range(0, rotary_dims, 2), *range(1, rotary_dims, 2), *range(rotary_dims, head_dim)]
+
+
+def exclude_self_value(out: jax.Array, v_self: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """XSA: out − (out·v / v·v) v per head, with v the position's own value vector [B, T, H, h],
+    computed and returned in `dtype` (`attention.xsa_dtype`; production: bf16)."""
+    out, v_self = out.astype(dtype), v_self.astype(dtype)
     coeff = jnp.sum(out * v_self, axis=-1, keepdims=True)
     coeff = coeff / (jnp.sum(jnp.square(v_self), axis=-1, keepdims=True) + XSA_EPS)
     return out - coeff * v_self
@@ -180,14 +205,15 @@ class Attention(nn.Module):
         use_rope = jnp.logical_or(a.rope_on_global, jnp.logical_not(is_global))
         positions = jnp.arange(seq)
         rotary_dims = int(h * a.rope_fraction)
-        q = jnp.where(use_rope, apply_rope(q, positions, rotary_dims, a.rope_theta), q)
-        k = jnp.where(use_rope, apply_rope(k, positions, rotary_dims, a.rope_theta), k)
+        rope = lambda t: apply_rope(t, positions, rotary_dims, a.rope_theta, a.rope_pairing)
+        q = jnp.where(use_rope, rope(q), q)
+        k = jnp.where(use_rope, rope(k), k)
 
         q, k, v = (t.astype(self.dtype) for t in (q, k, v))
         out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window)
 
         if a.xsa:
-            out = exclude_self_value(out, v)
+            out = exclude_self_value(out, v, jnp.dtype(a.xsa_dtype))
         if a.output_gate:
             w_gate = self.param("gate", nn.initializers.zeros, (d, heads), jnp.float32)
             gate = 2.0 * jax.nn.sigmoid(matmul(x, w_gate, self.dtype, jnp.float32))

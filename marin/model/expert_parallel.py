@@ -9,12 +9,16 @@ training transport, `model.ep_transport`:
   of its E/n experts from all n peers: [E/n, n·C_local, ℓ]; the local experts run as one batched
   matmul and a second `all_to_all` returns the rows. A (device, expert) pair past C_local drops,
   even when the expert has room for every device's rows.
-- `pooled` (`dispatch.pooled_dispatch`): per-peer send rows and per-expert receive rows pooled
-  over senders, overflow sent again in up to `model.ep_waves` waves. Static shapes: runs on every
-  backend.
+- `pooled` (`dispatch.pooled_dispatch`, the published run's transport until step 81,716): one
+  sender pool per device (`model.ep_send_capacity_factor` · T·k rows, one chunk per wave and
+  peer), `model.ep_waves` static waves over stripes of each destination's local experts, each
+  with its own receive buffer (`model.ep_recv_capacity_factor` · T·k / waves rows per device),
+  receiver slots round-robin across senders, each wave rematerialised; drops counted per stage
+  (send, recv). Static shapes: runs on every backend.
 - `ragged` (`ragged_transport`): `jax.lax.ragged_all_to_all` sends exactly the rows each peer
-  needs; the receiver runs its experts with `jax.lax.ragged_dot`. No drops unless a device
-  receives more than its buffer. XLA:CPU can lower it but not compile or run it (validation
+  needs into one shared receive buffer of `model.ep_recv_capacity_factor` · T·k rows; the
+  receiver runs its experts with `jax.lax.ragged_dot`. No drops unless a device receives more
+  than its buffer (then "recv" drops). XLA:CPU can lower it but not compile or run it (validation
   refuses ragged on CPU outside a planning dry run); tests on CPU run the same index arithmetic
   through `emulated_ragged_all_to_all`.
 
@@ -31,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from marin.config.derive import remat_mode
 from marin.config.registry import Registry
 from marin.model.dispatch import (
     ExpertWeights,
@@ -69,13 +74,12 @@ def _exchange(a):
 
 # --- ragged transport -------------------------------------------------------------------------
 
-def ragged_buffer_rows(tokens: int, top_k: int, num_experts: int, peers: int,
-                       recv_factor: float, waves: int) -> int:
-    """Receive-buffer rows of the ragged transport: what the pooled transport could receive over
-    all its waves (recv_factor · waves · T·k, so a switch pooled → ragged never drops more), at
-    most the worst case peers · T · min(k, E/peers), where it is exact by construction."""
+def ragged_buffer_rows(tokens: int, top_k: int, num_experts: int, peers: int, recv_factor: float) -> int:
+    """Receive-buffer rows of the ragged transport, shared by the device's local experts (as
+    production from step 81,716): recv_factor · T·k rows, a multiple of 8, at most the worst case
+    peers · T · min(k, E/peers), where it is exact by construction."""
     worst = peers * tokens * min(top_k, num_experts // peers)
-    return max(1, min(8 * math.ceil(math.ceil(recv_factor * waves * tokens * top_k) / 8), worst))
+    return max(1, min(8 * math.ceil(math.ceil(recv_factor * tokens * top_k) / 8), worst))
 
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
@@ -96,7 +100,38 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     return output
 
 
+def _pad_rows(a, rows: int):
+    """a [m, ...] cut or zero-padded to [rows, ...]."""
+    if a.shape[0] >= rows:
+        return a[:rows]
+    return jnp.concatenate([a, jnp.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
+
+
+def stand_in_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                               *, axis_name):
+    """A memory stand-in for `ragged_all_to_all` where XLA:CPU cannot compile it (`dry_run=compile`):
+    the same operand and output buffers, moved by one tiled all_to_all of the operand (as many
+    bytes as the ragged op sends when the receive buffer is full). Its values are not the op's."""
+    del input_offsets, send_sizes, output_offsets, recv_sizes
+    peers = jax.lax.axis_size(axis_name)
+    rows = -(-operand.shape[0] // peers) * peers
+    moved = jax.lax.all_to_all(_pad_rows(operand, rows), axis_name, 0, 0, tiled=True)
+    return output + _pad_rows(moved, output.shape[0])
+
+
+def stand_in_grouped_matmul(x, w, group_sizes):
+    """A memory stand-in for `ragged_dot` (which XLA:CPU lowers to an E× dense masked matmul):
+    the rows split evenly over the groups, one batched matmul: the grouped GEMM's FLOPs and
+    buffers. Its values are not the op's."""
+    del group_sizes
+    groups, m = w.shape[0], x.shape[0]
+    rows = -(-m // groups) * groups
+    out = jnp.einsum("gra,gab->grb", _pad_rows(x, rows).reshape(groups, rows // groups, -1), w)
+    return out.reshape(rows, -1)[:m]
+
+
 RAGGED_ALL_TO_ALL = jax.lax.ragged_all_to_all   # tests on CPU swap in `emulated_ragged_all_to_all`
+GROUPED_MATMUL = jax.lax.ragged_dot             # dry_run=compile on CPU swaps in the stand-ins
 
 
 def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int, buffer_rows: int):
@@ -112,6 +147,7 @@ def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int,
     ragged_all_to_all (whose transpose is another): differentiable.
     """
     a2a = partial(RAGGED_ALL_TO_ALL, axis_name=EXPERT_AXIS)
+    ragged_dot = GROUPED_MATMUL
     tokens, k = expert_idx.shape
     n, local = tokens * k, w.gate.shape[0]
     peers = num_experts // local
@@ -140,13 +176,14 @@ def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int,
     position = jnp.zeros((buffer_rows,), jnp.int32).at[order].set(r, unique_indices=True)
     group_sizes = jnp.zeros((local + 1,), jnp.int32).at[expert].add(1)[:local]
     xr = take_rows(recv, order, position[None])
-    h = jax.nn.silu(jax.lax.ragged_dot(xr, w.gate, group_sizes)) * jax.lax.ragged_dot(xr, w.up, group_sizes)
-    out = take_rows(jax.lax.ragged_dot(h, w.down, group_sizes), position, order[None])
+    h = jax.nn.silu(ragged_dot(xr, w.gate, group_sizes)) * ragged_dot(xr, w.up, group_sizes)
+    out = take_rows(ragged_dot(h, w.down, group_sizes), position, order[None])
 
     back = a2a(out, jnp.zeros_like(xs), recv_off[:, me], kept[:, me], send_off[:, me], kept[me])
     y_assign = take_rows(back, sorted_pos, q.order[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
-    return y.astype(x.dtype), jnp.sum(total[me] - kept[me])
+    # What is cut at the receivers' buffers: counted once, by the sender.
+    return y.astype(x.dtype), {"send": jnp.int32(0), "recv": jnp.sum(total[me] - kept[me])}
 
 
 # The training transports under expert parallelism, by model.ep_transport (one device: dispatch.TRANSPORTS).
@@ -162,21 +199,18 @@ def _fixed(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: in
 
 @PARALLEL.register("pooled")
 def _pooled(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
-    """The waves' skip decision is agreed over all batch axes, not just `expert`: collectives of
-    the backward pass (the data-parallel sum of the expert weights' gradient) can land inside a
-    wave, and a decision agreed over `expert` alone deadlocked on 8 host devices."""
     m = cfg.model
-    send, recv = pooled_capacities(tokens, cfg.router.top_k, num_experts, peers, m.ep_send_capacity_factor,
-                                   m.ep_recv_capacity_factor)
-    return partial(pooled_dispatch, expert_fn=partial(expert_swiglu, w=local_w), num_experts=num_experts,
-                   peers=peers, send_cap=send, recv_cap=recv, waves=m.ep_waves,
-                   exchange=_exchange, agree=partial(jax.lax.pmax, axis_name=batch_axes))
+    send, recv = pooled_capacities(tokens, cfg.router.top_k, num_experts, peers, m.ep_waves,
+                                   m.ep_send_capacity_factor, m.ep_recv_capacity_factor)
+    return partial(pooled_dispatch, w=local_w, num_experts=num_experts, peers=peers, send_cap=send,
+                   recv_cap=recv, waves=m.ep_waves, exchange=_exchange,
+                   remat_waves=remat_mode(m.remat) != "full")   # remat full: the block's recompute remats them
 
 
 @PARALLEL.register("ragged")
 def _ragged(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
     m = cfg.model
-    rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor, m.ep_waves)
+    rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor)
     return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows)
 
 
@@ -204,7 +238,8 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
                               transport=_transport(cfg, local_w, num_experts, peers, x.shape[0], batch_axes))
 
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
-    stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P()}
+    stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P(),
+                  "dropped_frac/send": P(), "dropped_frac/recv": P()}
     fn = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, P(), experts, experts, experts),
                        out_specs=(tokens, stats_spec))
     return fn(x, logits, bias, w.gate, w.up, w.down)

@@ -5,9 +5,11 @@
     shared = Σ_s SwiGLU_s(x)                        (full width, every token)
     y      = routed + shared
 
-Matmuls run in `model.compute_dtype` on float32 master weights; the router, norm statistics and
-the combine are float32. With `train=False` and `model.eval_dropless` nothing is dropped (in
-bounded memory: see `dispatch.wave_dispatch`). When
+Matmuls run in `model.compute_dtype` on float32 master weights; the router and norm statistics
+are float32; the layer's output (routed experts' up-projection plus shared experts) is summed in
+`model.combine_dtype` (float32, or bfloat16 as production ran the hero); each token's top-k
+weighted sum accumulates in float32 inside the transport. With `train=False` and
+`model.eval_dropless` nothing is dropped (in bounded memory: see `dispatch.wave_dispatch`). When
 the mesh's `expert` axis is larger than one the routed path runs expert-parallel
 (`expert_parallel.py`); otherwise plain `jit` sharding applies.
 """
@@ -26,7 +28,8 @@ from marin.model.norms import RMSNorm, matmul, matrix_init
 
 class MoE(nn.Module):
     """`__call__(x [B,T,d], router_bias [E], *, train, mesh=None) -> (y [B,T,d], stats)`;
-    stats = {beta [E], load [E], dropped_frac [], aux_loss []} (see `dispatch.routed_experts`)."""
+    stats = {beta [E], load [E], dropped_frac [] (and by stage: dropped_frac/send, /recv), aux_loss []}
+    (see `dispatch.routed_experts`)."""
     cfg: Any
 
     @nn.compact
@@ -54,7 +57,8 @@ class MoE(nn.Module):
             routed, stats = routed_experts_ep(h, logits, router_bias, experts, self.cfg, train=train, mesh=mesh)
         else:
             routed, stats = routed_experts(h, logits, router_bias, experts, self.cfg, train=train)
-        y = matmul(routed, latent_up, dtype, jnp.float32)
+        combine = jnp.dtype(m.combine_dtype)  # the layer's output sum: routed experts' up-projection + shared experts
+        y = matmul(routed, latent_up, dtype, combine)
 
         if shared:
             gate = self.param("shared_gate", init, (shared, d, shared_width), jnp.float32)
@@ -63,5 +67,5 @@ class MoE(nn.Module):
             xc = tokens.astype(dtype)
             hs = jax.nn.silu(jnp.einsum("td,sdi->tsi", xc, gate.astype(dtype))) * \
                 jnp.einsum("td,sdi->tsi", xc, up.astype(dtype))
-            y = y + jnp.einsum("tsi,sid->td", hs, down.astype(dtype), preferred_element_type=jnp.float32)
+            y = y + jnp.einsum("tsi,sid->td", hs, down.astype(dtype), preferred_element_type=combine)
         return y.reshape(x.shape).astype(x.dtype), stats

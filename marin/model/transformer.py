@@ -8,8 +8,9 @@
 
 Layers differ only in data: each scan step receives its `is_global` flag and its router bias
 row, so compile time does not grow with depth. Parameters are float32 masters; matmuls run in
-`model.compute_dtype`; norms, softmax, logits and the loss stay float32. The residual stream is
-float32.
+`model.compute_dtype`; norms, softmax, logits and the loss stay float32. The residual stream
+(each layer's carry, and what `model.offload_carry` stages in host memory) is in
+`model.residual_dtype`: float32 by default, bfloat16 as production ran it (spec §8 "Numerics").
 
 Public API (docs/CONTRACTS.md "Model API"): `init_params`, `param_shapes`, `forward`, `loss_fn`.
 """
@@ -72,6 +73,10 @@ def compute_dtype(cfg: Config) -> jnp.dtype:
     return jnp.dtype(cfg.model.compute_dtype)
 
 
+def residual_dtype(cfg: Config) -> jnp.dtype:
+    return jnp.dtype(cfg.model.residual_dtype)
+
+
 def norm_site(cfg: Config, name: str):
     """The two modules of one norm site, named `<name>_norm` and `<name>_gated_norm`."""
     m = cfg.model
@@ -90,15 +95,16 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array, layer_inputs: tuple[jax.Array, jax.Array], segment_ids: jax.Array):
         is_global, router_bias = layer_inputs
         taps = self.cfg.model.conv_kernel
+        residual = residual_dtype(self.cfg)   # each branch is added to the stream in this dtype
         x = checkpoint_name(x, CARRY)
 
         h = norm_site(self.cfg, "attn")(x)
         h = Attention(self.cfg, compute_dtype(self.cfg), name="attn")(h, segment_ids, is_global)
-        x = x + CausalConv(taps, name="attn_out_conv")(h, segment_ids).astype(jnp.float32)
+        x = x + CausalConv(taps, name="attn_out_conv")(h, segment_ids).astype(residual)
 
         h = norm_site(self.cfg, "moe")(x)
         h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh)
-        x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(jnp.float32)
+        x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(residual)
         return x, stats
 
 
@@ -146,7 +152,7 @@ class Transformer(nn.Module):
         m, a = self.cfg.model, self.cfg.attention
         embed = gathered(nn.Embed, self.cfg, self.mesh)
         x = embed(m.vocab_size, m.d_model, embedding_init=matrix_init(m.init_std), name="embed")(inputs)
-        x = norm_site(self.cfg, "embed")(x)
+        x = norm_site(self.cfg, "embed")(x).astype(residual_dtype(self.cfg))   # the residual stream starts here
 
         mode = remat_mode(m.remat)
         block = gathered(Block, self.cfg, self.mesh)
@@ -243,6 +249,8 @@ def loss_fn(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     metrics = {
         "loss": loss, "ce": ce, "z_loss": z_loss, "aux_loss": aux_loss,
         "dropped_frac": jnp.mean(stats["dropped_frac"]),
+        "dropped_frac/send": jnp.mean(stats["dropped_frac/send"]),   # by stage of the transport
+        "dropped_frac/recv": jnp.mean(stats["dropped_frac/recv"]),
         "load_spread": load_spread(stats["load"]),
         "tokens": jnp.sum(mask),
         "router": stats,

@@ -50,7 +50,8 @@ def build_optimizer(cfg: Config, hp: dict | None = None):
         core = optax.multi_transform(
             {
                 MUONH: decayed(MUONH, muonh(peaks[MUONH], momentum=hp["momentum"], ns_steps=o.ns_steps,
-                                            ns_dtype=ns_dtype, ns_eps=hp["ns_eps"])),
+                                            ns_dtype=ns_dtype, ns_eps=hp["ns_eps"],
+                                            ns_coefficients=o.ns_coefficients)),
                 ADAMH: decayed(ADAMH, adamh(peaks[ADAMH], b1=b1, b2=b2, eps=eps)),
                 ADAM: decayed(ADAM, optax.adam(peaks[ADAM], b1=b1, b2=b2, eps=eps)),
             },

@@ -1,8 +1,10 @@
 """Scheduled, decoupled weight decay on chosen parameters (`optim.decay`).
 
 The published run added Adam weight decay on the attention gate and the router mid-run
-(marin#8833): 0.02 at step 0, falling linearly to 0 at the last step, read from the step count,
-so the resumed run picked it up at the restored step (≈0.0172 at step 54,000 of 390,251).
+(marin#8833): a line from 0.02 at step 0 to 0 at the last step, read from the step count, switched
+on by the fork at step 58,014 (spec §8), where the line gives 0.02·(1 − 58,014/390,251) = 0.01703.
+A rule expresses that with `origin` (where the line is `value`, default: `start`) before `start`
+(where it switches on): {value: 0.02, origin: 0, start: 58014, end: auto}.
 
 A rule names a parameter group (muonh | adamh | adam under MuonH, adamw under AdamW: all of its
 parameters) or a path suffix on whole components ("attn/gate", "a|b/c"; the syntax of
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from marin.config.fields import is_auto
 from marin.config.schema import Config, DecayRule
 from marin.optim.groups import ADAM, ADAMH, ADAMW, MUONH, matches, parse_rule, path_names
 
@@ -41,11 +44,24 @@ def applies(rule: DecayRule, names: tuple[str, ...], group: str) -> bool:
     return matches(names, parse_rule(rule.pattern))
 
 
+def origin_of(rule: DecayRule) -> int:
+    """Where the rule's line is `value`: `origin`, or `start` while it is still auto (unresolved)."""
+    return rule.start if is_auto(rule.origin) else rule.origin
+
+
 def coefficient(rule: DecayRule, step: float) -> float:
     """The rule's coefficient at `step` (plain Python, for logs and tests)."""
     if not rule.start <= step < rule.end:
         return 0.0
-    return rule.value * (rule.end - step) / (rule.end - rule.start)
+    origin = origin_of(rule)
+    return rule.value * (rule.end - step) / (rule.end - origin)
+
+
+def describe(cfg: Config) -> list[str]:
+    """One line per rule of a resolved config: its line, and the coefficient where it switches on
+    (the dry run's `decay` row)."""
+    return [f"{r.pattern} {r.value:g} at step {origin_of(r):,} → 0 at {r.end:,}; on from step {r.start:,} "
+            f"({coefficient(r, r.start):.5f} there)" for r in cfg.optim.decay]
 
 
 def _syntax_problem(pattern) -> str | None:
@@ -67,13 +83,16 @@ def check(cfg: Config) -> list[tuple[str, str]]:
     problems = []
     for i, rule in enumerate(cfg.optim.decay):
         field = f"optim.decay[{i}]"
-        value, start, end = rule.value, rule.start, rule.end
+        value, start, end, origin = rule.value, rule.start, rule.end, rule.origin
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             problems.append((f"{field}.value", f"must be a finite number ≥ 0; got {value!r}"))
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             problems.append((f"{field}.start", f"must be an integer ≥ 0; got {start!r}"))
         elif isinstance(end, bool) or not isinstance(end, int) or end <= start:
             problems.append((f"{field}.end", f"must be 'auto' (train.steps) or an integer step > start ({start}); got {end!r}"))
+        elif isinstance(origin, bool) or not isinstance(origin, int) or not 0 <= origin <= start:
+            problems.append((f"{field}.origin", f"must be 'auto' (= start) or an integer step in [0, start ({start})]; "
+                             f"got {origin!r}"))
         if (msg := _syntax_problem(rule.pattern)) is not None:
             problems.append((f"{field}.pattern", msg))
             continue
@@ -100,17 +119,18 @@ class DecayState(NamedTuple):
 
 
 def rule_schedule(rule: DecayRule, numbers=None):
-    """An optax schedule, step → coefficient: `value` at `start`, linear to 0 at `end`, 0 outside.
-    `numbers` = (value, start, end), possibly traced (`marin.optim.hparams`); default: the rule's."""
+    """An optax schedule, step → coefficient: on the line from `value` at `origin` to 0 at `end`
+    from `start` on, 0 before. `numbers` = (value, start, end, origin), possibly traced
+    (`marin.optim.hparams`); default: the rule's."""
     import jax.numpy as jnp
 
-    value, start, end = numbers if numbers is not None else (rule.value, rule.start, rule.end)
+    value, start, end, origin = numbers if numbers is not None else (rule.value, rule.start, rule.end, origin_of(rule))
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-    start, end, value = f32(start), f32(end), f32(value)
+    start, end, value, origin = f32(start), f32(end), f32(value), f32(origin)
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32)
-        line = jnp.interp(step, jnp.stack([start, end]), jnp.stack([value, f32(0.0)]))
+        line = jnp.interp(step, jnp.stack([origin, end]), jnp.stack([value, f32(0.0)]))
         return jnp.where(step >= start, line, 0.0)
 
     return schedule
@@ -119,7 +139,7 @@ def rule_schedule(rule: DecayRule, numbers=None):
 def scheduled_decay(learning_rate, rules: list[DecayRule], group: str, numbers=None):
     """The last transform of `group`: update ← update − lr(step) · wd_rule(step) · w on the
     leaves a rule covers. `learning_rate` is the group's optax schedule (or a float); `numbers`
-    one (value, start, end) per rule, in place of the rules' own (see `rule_schedule`)."""
+    one (value, start, end, origin) per rule, in place of the rules' own (see `rule_schedule`)."""
     import jax
     import jax.numpy as jnp
     import optax

@@ -21,6 +21,7 @@ import numpy as np
 
 from marin.config.derive import group_lrs
 from marin.config.schema import Config
+from marin.optim.decay import origin_of
 from marin.optim.schedule import breakpoints
 
 # Most breakpoints a schedule has (marin.optim.schedule.breakpoints: start of warmup, peak,
@@ -44,13 +45,13 @@ def padded_breakpoints(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
 def values(cfg: Config) -> dict:
     """Every number of a resolved config the train step's optimizer reads, as float32 scalars:
     {peaks: {group: lr}, b1, b2, eps, weight_decay, momentum, ns_eps, [grad_clip],
-    schedule: (steps[4], multipliers[4]), decay: [(value, start, end) per rule]}."""
+    schedule: (steps[4], multipliers[4]), decay: [(value, start, end, origin) per rule]}."""
     o, f32 = cfg.optim, np.float32
     hp = {"peaks": {group: f32(peak) for group, peak in group_lrs(cfg).items()},
           "b1": f32(o.b1), "b2": f32(o.b2), "eps": f32(o.eps), "weight_decay": f32(o.weight_decay),
           "momentum": f32(o.momentum), "ns_eps": f32(o.ns_eps),
           "schedule": padded_breakpoints(cfg),
-          "decay": [(f32(r.value), f32(r.start), f32(r.end)) for r in o.decay]}
+          "decay": [(f32(r.value), f32(r.start), f32(r.end), f32(origin_of(r))) for r in o.decay]}
     if o.grad_clip is not None:
         hp["grad_clip"] = f32(o.grad_clip)
     return hp
@@ -64,6 +65,6 @@ def structure_key(cfg: Config) -> str:
     optim = dataclasses.replace(
         o, **{name: 0.0 for name in OPTIM_NUMBERS},
         grad_clip=None if o.grad_clip is None else 0.0,
-        decay=[dataclasses.replace(r, value=0.0, start=0, end=0) for r in o.decay])
+        decay=[dataclasses.replace(r, value=0.0, start=0, end=0, origin=0) for r in o.decay])
     train = (t.seq_len, t.global_batch, t.micro_batch, cfg.eval.with_drops, t.init_seq_len, t.earlier_seq_lens)
     return repr((cfg.model, cfg.attention, cfg.router, cfg.data, cfg.hardware, optim, train))

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 
 from marin.model.memory import fetch, on_host, store  # noqa: F401 (on_host: marin.optim.decay, marin.train.step)
-
-NS_COEFFS = (3.4445, -4.7750, 2.0315)  # the standard quintic (Keller Jordan's Muon)
+from marin.optim.newton_schulz import SIMPLE as NS_COEFFS  # noqa: F401 (the "simple" triple)
+from marin.optim.newton_schulz import coefficients as ns_schedule
 
 
 def matrix_norm(x: jax.Array) -> jax.Array:
@@ -64,30 +64,34 @@ def per_layer(fn, *arrays: jax.Array, n_out: int = 1):
     return out if n_out > 1 else out[0]
 
 
-def orthogonalize(x: jax.Array, ns_steps: int = 5, eps: float = 1e-7, dtype=jnp.float32) -> jax.Array:
+def orthogonalize(x: jax.Array, ns_steps: int = 5, eps: float = 1e-7, dtype=jnp.float32,
+                  coefficients="simple") -> jax.Array:
     """Quintic Newton–Schulz on each matrix in the last two dims; returns `dtype`.
 
-    Normalising by the Frobenius norm (in fp32) puts every singular value in (0, 1]; the quintic
-    then pushes them to ≈[0.7, 1.1] (tuned for speed, not exact convergence). The iteration runs
+    `coefficients`: the (a, b, c) of each iteration, X ← aX + b(XXᵀ)X + c(XXᵀ)²X, as
+    `optim.ns_coefficients` names them (simple | quintic | a list of ns_steps triples;
+    marin.optim.newton_schulz). Normalising by the Frobenius norm (in fp32) puts every singular
+    value in (0, 1]; the simple triple then pushes them to ≈[0.7, 1.1] (tuned for speed, not
+    exact convergence), the quintic schedule nearer 1. The iteration runs
     in `dtype` (the published run: bfloat16 with eps 1e-8, modded-nanogpt's pattern; its
     matmuls take half the bytes) on the wide orientation, so X·Xᵀ is the smaller Gram matrix.
     """
-    a, b, c = NS_COEFFS
     x = x.astype(jnp.float32)
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = jnp.swapaxes(x, -2, -1)
     x = (x / (matrix_norm(x) + eps)).astype(dtype)
-    for _ in range(ns_steps):
+    for a, b, c in ns_schedule(coefficients, ns_steps):
         gram = x @ jnp.swapaxes(x, -2, -1)
         x = a * x + (b * gram + c * gram @ gram) @ x
     return jnp.swapaxes(x, -2, -1) if tall else x
 
 
-def scale_by_newton_schulz(ns_steps: int, dtype=jnp.float32, eps: float = 1e-7) -> optax.GradientTransformation:
+def scale_by_newton_schulz(ns_steps: int, dtype=jnp.float32, eps: float = 1e-7,
+                           coefficients="simple") -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         del params
-        ortho = lambda u: orthogonalize(u, ns_steps, eps, dtype).astype(u.dtype)
+        ortho = lambda u: orthogonalize(u, ns_steps, eps, dtype, coefficients).astype(u.dtype)
         return jax.tree.map(lambda u: per_layer(ortho, u), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
@@ -135,7 +139,7 @@ def hyperball(learning_rate) -> optax.GradientTransformation:
 
 
 def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5, ns_dtype=jnp.float32,
-          ns_eps: float = 1e-7) -> optax.GradientTransformation:
+          ns_eps: float = 1e-7, ns_coefficients="simple") -> optax.GradientTransformation:
     """Nesterov momentum → Newton–Schulz → hyperball, fused per layer (module docstring).
 
     The same arithmetic and state as `optax.chain(optax.trace(momentum, nesterov=True,
@@ -145,7 +149,7 @@ def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5, ns_dtype=jnp
     stays fp32 whatever ns_dtype is. The update is written into the gradient's buffer and the new
     momentum into the old one's, one layer at a time."""
     chain = optax.chain(optax.trace(decay=momentum, nesterov=True, accumulator_dtype=jnp.float32),
-                        scale_by_newton_schulz(ns_steps, ns_dtype, ns_eps), hyperball(learning_rate))
+                        scale_by_newton_schulz(ns_steps, ns_dtype, ns_eps, ns_coefficients), hyperball(learning_rate))
 
     def update_fn(updates, state, params=None):
         if params is None:
@@ -156,7 +160,7 @@ def muonh(learning_rate, momentum: float = 0.95, ns_steps: int = 5, ns_dtype=jnp
         def layer(g, m, w):  # one layer's matrices, on the device
             m_new = g + momentum * m.astype(g.dtype)                  # optax.trace
             u = g + momentum * m_new                                  # its Nesterov update
-            u = orthogonalize(u, ns_steps, ns_eps, ns_dtype).astype(u.dtype)
+            u = orthogonalize(u, ns_steps, ns_eps, ns_dtype, ns_coefficients).astype(u.dtype)
             return hyperball_step(u, w, lr), m_new
 
         pairs = jax.tree.map(lambda g, m, w: per_layer(layer, g, m, w, n_out=2),

@@ -5,7 +5,7 @@ The multiplier of the peak lr is a pure function of the step and the resolved co
 piecewise-linear curve through a few breakpoints — so a resumed run recomputes the same values
 and a changed horizon needs no schedule state:
 
-    (0, 1/W) … (W−1, 1)                 linear warmup over W = max(1, round(warmup_frac·steps))
+    (0, 1/W) … (W−1, 1)                 linear warmup over W = max(1, int(warmup_frac·steps))
     (W−1, 1) … (H−1, final_ratio)       linear decay; H = schedule.horizon_steps or train.steps
 
 The first step already moves (lr(0) = peak/W rather than 0). Past H−1 the lr stays at
@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from marin.config import derive
 from marin.config.derive import group_lrs
 from marin.config.registry import SCHEDULES
 from marin.config.schema import Config
 
 
 def warmup_steps(cfg: Config) -> int:
-    return max(1, round(cfg.schedule.warmup_frac * cfg.train.steps))
+    return derive.warmup_steps(cfg)  # int(warmup_frac · steps), as production
 
 
 def breakpoints(cfg: Config) -> tuple[list[float], list[float]]:

@@ -2,6 +2,7 @@
 (the rule for secrets lives in `marin.track.secrets`)."""
 from __future__ import annotations
 
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -67,6 +68,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
 def client(uri: str):
     from mlflow import MlflowClient
 
+    # MLflow announces a new sqlite store's tables and migrations at INFO on stderr: not ours to say
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     if not is_sqlite(uri):
         return MlflowClient(tracking_uri=uri)
     # MLflow creates (and migrates) a sqlite store's tables when a client first opens it; two

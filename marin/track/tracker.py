@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from marin.track import backend, secrets, worker
@@ -45,9 +46,13 @@ class Tracker:
     end_timeout_s = 30.0      # how long `finish` waits for the sender (a frozen store) before spilling
     report_timeout_s = 300.0
 
-    def __init__(self, record: run_record.RunRecord, process_index: int = 0, flush_every_s: float = 5.0):
-        self.record = record
+    def __init__(self, record, process_index: int = 0, flush_every_s: float = 5.0, run_dir: Path | None = None):
+        # `record`: a RunRecord, or the Future of one (a new local run's MLflow run, being made by the
+        # tracking process while JAX starts; `run_dir` is its directory, there already): calls are
+        # taken at once and sent once it exists. If it cannot be made, they are dropped.
+        self._record = record
         self.enabled = process_index == 0 and record is not None
+        self.run_dir = Path(run_dir) if run_dir is not None else getattr(record, "run_dir", None)
         self.flush_every_s = max(flush_every_s, 0.05)
         self.finished = False
         if not self.enabled:
@@ -64,6 +69,7 @@ class Tracker:
         self._sender = threading.Thread(target=self._serve, name="marin-tracker", daemon=True)
         self._sender.start()
         self._jobs.put(self._reopen)
+        self._jobs.put(lambda: self._attempt_quietly(worker.warm_report))  # the report's imports, early
 
     # ------------------------------------------------------------------ the caller's side
     def log_metrics(self, metrics: dict, step: int) -> None:
@@ -90,9 +96,9 @@ class Tracker:
     def _keep_local(self, rows) -> None:
         if self._local is None:
             try:
-                self._local = (self.record.run_dir / METRICS).open("a")
+                self._local = (self.run_dir / METRICS).open("a")
             except OSError as err:  # no run directory here: MLflow still has them
-                log.warning("cannot keep metrics in %s (%s)", self.record.run_dir / METRICS, err)
+                log.warning("cannot keep metrics in %s (%s)", self.run_dir / METRICS, err)
                 self._local = False
         if self._local:
             self._local.writelines(json.dumps({"key": k, "value": v, "step": s, "timestamp": t}) + "\n"
@@ -116,7 +122,7 @@ class Tracker:
         text = secrets.mask(text)
 
         def keep() -> None:
-            path = self.record.run_dir / "unsent_artifacts" / name
+            path = self.run_dir / "unsent_artifacts" / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
 
@@ -135,10 +141,27 @@ class Tracker:
         return info
 
     def update_info(self, **fields) -> None:
-        """Merge fields into the run's record.json (a local file: written at once)."""
-        if self.enabled:
-            with _INFO_LOCK:
-                run_record.update_info(self.record, **fields)
+        """Merge fields into the run's record.json (a local file: written at once, or once the
+        run's record exists)."""
+        if not self.enabled:
+            return
+        if isinstance(self._record, Future) and not self._record.done():
+            self._jobs.put(lambda: self.update_info(**fields))
+            return
+        with _INFO_LOCK:
+            run_record.update_info(self.record, **fields)
+
+    @property
+    def record(self) -> run_record.RunRecord:
+        """The run's record (waits for a pending one; raises what making it raised)."""
+        if isinstance(self._record, Future):
+            self._record = self._record.result()
+        return self._record
+
+    @property
+    def not_made(self) -> bool:
+        """A pending record that could not be made: nothing is sent, the caller stops."""
+        return isinstance(self._record, Future) and self._record.done() and self._record.exception() is not None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Have the sender send what is queued now (past any outage pause); with `timeout`, wait
@@ -163,6 +186,14 @@ class Tracker:
         if not self.enabled or self.finished:
             return
         self.finished = True
+        if isinstance(self._record, Future):
+            try:
+                self._record.result(timeout=self.end_timeout_s)
+            except Exception:  # noqa: BLE001 — no run was made (or none in time): nothing to end
+                if self._local:
+                    self._local.close()
+                self._local = None
+                return
         ended, done = [], threading.Event()
 
         def end() -> None:
@@ -188,7 +219,7 @@ class Tracker:
             if not ended:
                 log.warning("MLflow run %s still shows RUNNING: the store did not take its status %s; "
                             "send it later with: python -m marin.track.tracker %s", self.record.run_id, status,
-                            self.record.run_dir)
+                            self.run_dir)
         if done.is_set():  # ended, left open on purpose, or its status kept unsent: no longer watched
             self._attempt_quietly(worker.release)
         elif self._worker is not None:
@@ -197,7 +228,7 @@ class Tracker:
     def report(self) -> None:
         """The run's HTML report (marin/report.py) into its directory and MLflow, drawn by the
         sender after `finish`; never fails the run, and skipped when the store did not answer."""
-        if not self.enabled or self._abandoned:
+        if not self.enabled or self._abandoned or self.not_made:
             return
         done = threading.Event()
         self._jobs.put(lambda: (self._report(), done.set()))
@@ -205,11 +236,11 @@ class Tracker:
         done.wait(self.report_timeout_s)
 
     def _spill(self, rows) -> None:
-        path = self.record.run_dir / UNSENT
+        path = self.run_dir / UNSENT
         with path.open("a") as out:
             out.writelines(json.dumps({"key": k, "value": v, "timestamp": t, "step": s}) + "\n" for k, v, t, s in rows)
         log.warning("%d metrics could not be sent; kept in %s (send later: python -m marin.track.tracker %s)",
-                    len(rows), path, self.record.run_dir)
+                    len(rows), path, self.run_dir)
 
     # ------------------------------------------------------------------ the sender thread
     def _serve(self) -> None:
@@ -220,6 +251,8 @@ class Tracker:
                 job = self._send
             if job is _STOP:
                 return
+            if self.not_made:
+                continue  # the trainer stops at its next step
             try:
                 job()
             except Exception as err:  # noqa: BLE001 — the sender must outlive any one call

@@ -179,6 +179,11 @@ def end(uri: str, run_id: str, status: str) -> None:
         sweep.close_if_done(client(uri), parent_id)
 
 
+def warm_report() -> None:
+    """Import the report's plotting (matplotlib, ~0.3 s) while the run trains, not at its end."""
+    from marin.track import report  # noqa: F401 — matplotlib: only in this process
+
+
 def write_report(rec: record.RunRecord) -> None:
     from marin.track import report  # matplotlib: only here, and only when a report is drawn
 

@@ -370,7 +370,8 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False  # already saved (e.g. a forced save right after a regular one)
         horizon = self.run_cfg.schedule.horizon_steps or self.run_cfg.train.steps
-        # Batches are a pure function of the step, so the data position is the step itself.
+        # Batches are a pure function of the step and the mixture history: `data_position` is the
+        # step; each source's read position is in meta["data"] (the Loader's rows drawn per phase).
         # The RNG is a pure function of the seed and the step (the state holds no key of its own).
         meta = {"data_position": int(step), "horizon": horizon, "rng_seed": self.run_cfg.train.seed,
                 **meta, "step": int(step)}

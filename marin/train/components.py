@@ -102,8 +102,27 @@ class MetricLogger:
 
 
 class Evaluator:
-    """Every `train.eval_every` steps before the last, and at the last: the eval sets' losses
-    (and their macro average), the data counters, and the registered forecast's check."""
+    """Every `train.eval_every` steps before the last, at each registered forecast point, and at
+    the last: the eval sets' losses and bits per byte (and their macro averages), the data
+    counters, and the registered forecast's check.
+
+    Metric names and the published ones (Marin's W&B runs; spec §8), one to one:
+
+    ==============================  ======================================  ===================
+    here                            published                               pass
+    ==============================  ======================================  ===================
+    ``eval/<set>/loss``             ``eval_dropless/<set>/loss``            dropless
+    ``eval/<set>/bpb``              ``eval_dropless/<set>/bpb``             dropless
+    ``eval/<set>/loss_dropped``     ``eval/<set>/loss``                     with drops
+    ``eval/<set>/bpb_dropped``      ``eval/<set>/bpb``                      with drops
+    ``eval/macro_loss``, ``_bpb``   ``eval_dropless/macro_loss``, ``_bpb``  dropless
+    ==============================  ======================================  ===================
+
+    (the ``_dropped`` ones with ``eval.with_drops``). A folder of subsets (``subsets: true``, e.g.
+    a site's Paloma copy as set ``paloma``) gives ``eval/paloma/<subset>/…`` and the macro average
+    over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb``; ``eval/macro_*`` averages every set.
+    Bits per byte = loss / ln 2 / the set's UTF-8 bytes per scored token
+    (`Loader.eval_bytes_per_token`); the loss is the mean over the set's batches."""
 
     def __init__(self, cfg, eval_step, loader, to_global, tracker, write, stop: int):
 
@@ -113,7 +132,9 @@ class Evaluator:
         self.check = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
 
     def due(self, step: int) -> bool:
-        return bool(self.every) and step % self.every == 0 and step < self.stop
+        if step >= self.stop:
+            return False
+        return (bool(self.every) and step % self.every == 0) or step in self.check.points
 
     def run(self, step: int, state) -> dict:
         import jax
@@ -121,13 +142,26 @@ class Evaluator:
         self.tracker.log_metrics({f"data/tokens/{k}": v for k, v in self.loader.tokens_seen(step).items()}, step)
         self.tracker.log_metrics({f"data/epochs/{k}": v for k, v in self.loader.epochs_seen(step).items()}, step)
         losses = {}
+        bytes_per_token = self.loader.eval_bytes_per_token()
         for name, batches in self.loader.eval_batches().items():
             values = [jax.device_get(self.eval_step(state, self.to_global(b))) for b in batches]
             for key in values[0]:  # loss (dropless), and loss_dropped with eval.with_drops
-                losses[f"eval/{name}/{key}"] = sum(float(v[key]) for v in values) / len(values)
-        dropless = [v for k, v in losses.items() if k.endswith("/loss")]
-        if dropless:
-            losses["eval/macro_loss"] = sum(dropless) / len(dropless)
+                losses[f"eval/{name}/{key}"] = loss = sum(float(v[key]) for v in values) / len(values)
+                bpt = bytes_per_token.get(name, math.nan)
+                if bpt > 0:
+                    losses[f"eval/{name}/{key.replace('loss', 'bpb')}"] = loss / math.log(2) / bpt
+        for metric in ("loss", "bpb"):
+            per_set = {k.removeprefix("eval/").removesuffix(f"/{metric}"): v for k, v in losses.items()
+                       if k.endswith(f"/{metric}")}
+            groups: dict[str, list[float]] = {}
+            for name, v in per_set.items():  # a folder of subsets (data.eval_sets[].subsets): its own average
+                if "/" in name:
+                    groups.setdefault(name.rsplit("/", 1)[0], []).append(v)
+            for group, values in groups.items():
+                losses[f"eval/{group}/macro_{metric}"] = sum(values) / len(values)
+            if per_set:
+                losses[f"eval/macro_{metric}"] = sum(per_set.values()) / len(per_set)
+        if losses:
             self.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         self.tracker.log_metrics(losses, step)
         self.check(step, losses, self.write)

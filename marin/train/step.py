@@ -20,7 +20,8 @@ from marin.optim.hparams import structure_key, values
 from marin.optim.muonh import fetch, on_host, per_layer
 from marin.train.state import TrainState, batch_sharding
 
-SCALARS = ("loss", "ce", "z_loss", "aux_loss", "dropped_frac", "load_spread")
+SCALARS = ("loss", "ce", "z_loss", "aux_loss", "dropped_frac", "dropped_frac/send", "dropped_frac/recv",
+           "load_spread")
 
 
 def num_microbatches(cfg) -> int:

@@ -56,19 +56,29 @@ class RunNotMade(RuntimeError):
 class Trainer:
     """Trains the run of `rec` (a RunRecord). A new local run passes its prepared directory
     (record.Draft) as `rec` and the Future of its MLflow run as `registering`: the tracking
-    process makes that run while JAX starts, and set-up waits for it only at its end."""
+    process makes that run while JAX starts and compiles; the loop looks for it at each step and
+    waits for it only where the run id is needed (a checkpoint names it) or at the end."""
 
     def __init__(self, cfg, rec, loader=None, on_restored=None, registering=None):
-        self.cfg, self.rec, self.loader, self.on_restored = cfg, rec, loader, on_restored
-        self.registering = registering
-        self.tracker = None if registering is not None else self._tracker()
-        self.metrics = self.ckpt = self.loads = None
-
-    def _tracker(self):
         import jax
 
+        self.cfg, self.rec, self.loader, self.on_restored = cfg, rec, loader, on_restored
+        self.registering = registering
+        self.tracker = Tracker(registering or rec, process_index=jax.process_index(), run_dir=rec.run_dir)
+        self.metrics = self.ckpt = self.loads = None
 
-        return Tracker(self.rec, process_index=jax.process_index())
+    def _made(self, wait: bool) -> None:
+        """Once a new local run's MLflow run exists (`wait`: wait for it), say so; RunNotMade if
+        the tracking process could not make it (nothing was trained: its directory goes)."""
+        if self.registering is None or not (wait or self.registering.done()):
+            return
+        future, self.registering = self.registering, None
+        try:
+            self.rec = record.made(future.result(), self.rec)
+        except Exception as err:  # noqa: BLE001 — one line for the user, not a traceback
+            raise RunNotMade(first_line(err)) from None
+        line = f"mlflow run: {self.rec.run_id} ({secrets.safe_uri(self.rec.tracking_uri)})"
+        self.metrics.write(line) if self.metrics is not None else say(line)
 
     def fit(self) -> dict:
         """Train to the end (or `train.stop_after`); returns {step, loss, eval losses}."""
@@ -96,6 +106,7 @@ class Trainer:
     def _fit(self) -> dict:
         state = self._setup()
         state = self._loop(state)
+        self._made(wait=True)
         self.loads.save()
         self.ckpt.save(self.stop, state, self.meta(self.stop), force=True)  # written while the final eval runs
         with self.metrics.paused("eval", self.stop):
@@ -104,7 +115,6 @@ class Trainer:
         return self.metrics.summary | losses
 
     def _loop(self, state):
-
         batch = self.to_global(self.loader.batch(self.start))
         for step in range(self.start, self.stop):
             n = step + 1
@@ -114,6 +124,7 @@ class Trainer:
             if step == self.start:
                 _import_in_background("orbax.checkpoint")  # for the first save, while the device works
             self.metrics.step(n, metrics)  # waits for step n
+            self._made(wait=False)
             signum, rolling = preempt.poll(self.ckpt.time_due())  # the same answer on every process
             if self.evaluator.due(n):
                 with self.metrics.paused("eval", n):
@@ -126,7 +137,6 @@ class Trainer:
         return state
 
     def _stop(self, signum: int, n: int) -> None:
-
         self.ckpt.wait()
         if preempt.requeues(signum):
             log.warning("preemption signal: checkpointed at step %d; requeueing", n)
@@ -134,8 +144,11 @@ class Trainer:
         raise Stopped(signum, n)
 
     def meta(self, step: int) -> dict:
-        """What a checkpoint carries besides the state (the data position is the step itself)."""
-        return {"mlflow_run_id": self.rec.run_id, "tokens_seen": self.loader.tokens_seen(step)}
+        """What a checkpoint carries besides the state: the data's read positions (each source's
+        rows drawn, per phase: a resume on another mixture continues each where it was)."""
+        self._made(wait=True)  # a checkpoint names its MLflow run
+        return {"mlflow_run_id": self.rec.run_id, "tokens_seen": self.loader.tokens_seen(step),
+                "data": self.loader.position(step)}
 
     def to_global(self, batch: dict) -> dict:
         """This process's rows of a batch, as global arrays over the mesh's batch axes."""
@@ -164,12 +177,12 @@ class Trainer:
         initialised_from = None
         if self.ckpt.latest_step() is not None or self.ckpt.set_aside():  # a requeued or resumed run
             state, saved = self.ckpt.restore(state)  # NoCheckpointError if every checkpoint is damaged
-            self.loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
+            self.loader.resume(int(state.step), saved)
             log.info("resumed from step %d (%s)", int(state.step), self.ckpt.restored_from)
         elif cfg.train.init_from:  # a stage continuing another run (context extension), from <run>[@<step>]
             start_at = init_from.locate(cfg.train.init_from, rec.tracking_uri, backend.out_dir(cfg))
             state, saved = restore_from(start_at.checkpoints, state, at_most=start_at.step)
-            self.loader.resume_tokens_seen(int(state.step), saved.get("tokens_seen", {}))
+            self.loader.resume(int(state.step), saved)
             log.info("init from %s step %d (%s)", start_at.run_dir, int(state.step),
                      "the newest" if start_at.asked is None else f"asked {start_at.asked}")
             initialised_from = {"run_dir": str(start_at.run_dir), "step": int(state.step), "asked": start_at.asked}
@@ -177,13 +190,6 @@ class Trainer:
             self.on_restored(int(state.step))
 
         self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled at their first call
-        if self.registering is not None:  # a new local run: its MLflow run, made meanwhile
-            try:
-                self.rec = record.made(self.registering.result(), self.rec)
-            except Exception as err:  # noqa: BLE001 — nothing was trained: the caller removes the directory
-                raise RunNotMade(first_line(err)) from None
-            say(f"mlflow run: {self.rec.run_id} ({secrets.safe_uri(self.rec.tracking_uri)})")
-            self.tracker = self._tracker()
         if initialised_from is not None:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants

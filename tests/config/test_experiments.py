@@ -63,10 +63,12 @@ def test_hero_numerics_and_gate_router_decay_are_the_published_ones():
     assert (cfg.optim.ns_dtype, cfg.optim.ns_eps) == ("bfloat16", 1e-8)
     assert (cfg.attention.qk_norm_eps, cfg.model.router_dtype) == (1e-6, "bfloat16")
     steps = plan(cfg)["steps"]
-    # marin#8833: 0.02 linearly to 0 over the run's steps, only on the head gates and the router.
-    assert [(r.pattern, r.value, r.start, r.end) for r in cfg.optim.decay] == [
-        ("attn/gate", 0.02, 0, steps), ("moe/router", 0.02, 0, steps)]
-    assert coefficient(cfg.optim.decay[0], 54_000) == pytest.approx(0.0172, abs=1e-4)  # where it was switched on
+    # marin#8833: the line 0.02 at step 0 → 0 at the last step, only on the head gates and the
+    # router, switched on at step 58,014 (spec §8).
+    assert [(r.pattern, r.value, r.origin, r.start, r.end) for r in cfg.optim.decay] == [
+        ("attn/gate", 0.02, 0, 58_014, steps), ("moe/router", 0.02, 0, 58_014, steps)]
+    assert coefficient(cfg.optim.decay[0], 58_013) == 0.0  # off at launch
+    assert coefficient(cfg.optim.decay[0], 58_014) == pytest.approx(0.01703, abs=5e-6)  # where it was switched on
     # The context-extension stage continues the same line (same steps), not a fresh one.
     assert experiment("mochi_535b_a23b_8k").optim.decay == cfg.optim.decay
 

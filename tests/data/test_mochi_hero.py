@@ -1,4 +1,5 @@
-"""The hero's mixture structure: 200 cells, two phases, boundary at 80%, the epoch cap."""
+"""The hero's mixtures (spec §5, §8): Marin's published launch mixture (`data=mochi_hero`) and the
+step-108,000 one (`data=mochi_hero_108k`): 200 cells, two phases, boundary at 80%, the epoch cap."""
 from __future__ import annotations
 
 import csv
@@ -11,17 +12,30 @@ from marin.data import mixture
 from tests.helpers import make_config
 
 HERO = ("data=mochi_hero", "dry_run=true")
+OPTIONS = ("mochi_hero", "mochi_hero_108k")
 
 
-def test_placeholder_cells_file_has_the_right_shape():
-    cfg = make_config(*HERO)
-    path = mixture.config_path(cfg.data.cells_file)
-    assert "placeholder" in path.name and "PLACEHOLDER" in path.read_text().splitlines()[0]
+@pytest.mark.parametrize("option", OPTIONS)
+def test_both_published_mixtures_compose_and_validate(option):
+    cfg = make_config(f"data={option}", "dry_run=true")
+    assert cfg.data.name == option
     cells = mixture.sources(cfg)
     assert len(cells) == 200 and len({c.name for c in cells}) == 200
-    for phase in range(2):
-        assert math.isclose(sum(c.weights[phase] for c in cells), 1.0, abs_tol=1e-9)
-    assert sum(c.tokens for c in cells) == pytest.approx(23.106e12, rel=1e-6)
+    assert {c.name for c in cells} == {f"c{t:02d}q{q}" for t in range(40) for q in range(5)}
+    for phase in range(2):  # each phase a simplex over all cells, as published (not normalised here)
+        assert math.isclose(math.fsum(c.weights[phase] for c in cells), 1.0, abs_tol=mixture.WEIGHT_TOLERANCE)
+        assert all(c.weights[phase] >= 0 for c in cells)
+    assert sum(c.tokens for c in cells) == 23_106_103_007_622  # spec §5: 23.106T after dedup/decontamination
+
+
+def test_the_108k_mixture_keeps_the_launch_cells_and_changes_the_weights():
+    launch = {c.name: c for c in mixture.sources(make_config(*HERO))}
+    later = {c.name: c for c in mixture.sources(make_config("data=mochi_hero_108k", "dry_run=true"))}
+    assert launch.keys() == later.keys()
+    assert all(later[n].tokens == launch[n].tokens for n in launch)  # available tokens: the launch file's
+    assert later["c30q4"].weights == (0.04901123046875, 0.09116617838541667)
+    assert launch["c30q4"].weights == (0.04759503480043832, 0.02865497188099325)
+    assert later["c22q0"].weights == (0.0, 0.0)  # a zero weight is allowed, a negative one is not
 
 
 def test_dry_run_reports_epochs_per_cell():
@@ -35,19 +49,32 @@ def test_dry_run_reports_epochs_per_cell():
     assert epochs[cell.name][1] == pytest.approx(cell.weights[1] * midtrain / cell.tokens)
 
 
-def test_a_cell_over_the_cap_is_refused(tmp_path):
+def test_the_hero_plan_shows_real_epochs_without_the_documents():
+    """The hero's schedule (390,251 steps × 46,137,344 tokens): its most repeated cell is c12q4,
+    1.670 epochs in pretraining; every cell is under the 8-epoch cap. No document is needed."""
+    cfg = make_config("experiment=mochi_535b_a23b", "dry_run=true")
+    epochs = mixture.epochs_per_source(cfg)
+    top = max(epochs, key=lambda n: epochs[n][0])
+    assert top == "c12q4" and epochs[top][0] == pytest.approx(1.670, abs=5e-4)
+    assert max(sum(e) for e in epochs.values()) < cfg.data.max_epochs
+
+
+def test_a_cell_over_the_cap_is_refused():
     with pytest.raises(ConfigError) as err:
         make_config(*HERO, "train.steps=100000000", "train.global_batch=4096", "train.seq_len=4096")
     (name, msg), = err.value.problems
     assert name == "data.cells_file" and "would repeat more than data.max_epochs=8 epochs" in msg
 
 
+def _rows():
+    with open(mixture.config_path("conf/data/mochi_hero_cells.csv")) as f:
+        return [r for r in csv.reader(line for line in f if not line.startswith("#"))]
+
+
 def test_cells_file_problems(tmp_path):
     path = tmp_path / "cells.csv"
-    with open(mixture.config_path("conf/data/mochi_hero_cells.placeholder.csv")) as f:
-        rows = [r for r in csv.reader(line for line in f if not line.startswith("#"))]
     with open(path, "w", newline="") as f:
-        csv.writer(f).writerows(rows[:-1])  # a cell missing
+        csv.writer(f).writerows(_rows()[:-1])  # a cell missing
     with pytest.raises(ConfigError) as err:
         make_config(*HERO, f"data.cells_file={path}")
     messages = [m for n, m in err.value.problems if n == "data.cells_file"]
@@ -57,16 +84,58 @@ def test_cells_file_problems(tmp_path):
 
 
 def test_weights_of_cells_must_sum_to_one(tmp_path):
+    rows = _rows()
+    assert rows[1][:5] == ["c00q0", "c00", "0", "9126994294", "0.0002759551045798378"]
+    rows[1][4] = repr(float(rows[1][4]) + 0.1)
     path = tmp_path / "cells.csv"
-    text = mixture.config_path("conf/data/mochi_hero_cells.placeholder.csv").read_text()
-    path.write_text(text.replace("t00_q1,topic00,1,358328512381,0.008567971687",
-                                 "t00_q1,topic00,1,358328512381,0.108567971687"))
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
     with pytest.raises(ConfigError, match=r"data.cells_file: phase 0 \(pretrain\) weights sum to 1.1, not 1"):
         make_config(*HERO, f"data.cells_file={path}")
 
 
-def test_training_needs_the_cells_files():
+def test_training_needs_the_cells_files_and_the_site_tokenizer():
     with pytest.raises(ConfigError) as err:
         make_config("data=mochi_hero")
-    (name, msg), = err.value.problems
-    assert name == "data.cells_paths" and msg.startswith("200 of 200 cells cannot be read")
+    problems = dict(err.value.problems)
+    assert problems["data.cells_paths"].startswith("200 of 200 cells cannot be read")
+    assert problems["data.tokenizer"].startswith("no tokenizer file at")
+    assert problems["data.tokenizer"].endswith("marin-tokenizer/tokenizer.json")
+
+
+def test_nothing_says_the_published_weights_are_private():
+    from marin.config.paths import PROJECT_ROOT
+
+    for path in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md")),
+                 *sorted((PROJECT_ROOT / "conf" / "data").glob("*"))]:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8").lower()
+            assert "not redistributable" not in text and "placeholder" not in text, path
+
+
+def test_the_108k_swap_counts_the_launch_weights_before_it():
+    """Production drew the launch weights for steps 0–108,000, then the new ones: its most repeated
+    cell is c13q0, (4.98T·1.36e-6 + 9.42T·8.14e-5) / 135.7M = 5.698 epochs in pretraining. The
+    new weights alone from step 0 would repeat it 9.7 times, past the 8-epoch cap."""
+    cfg = make_config("experiment=mochi_535b_a23b", "dry_run=true", "data=mochi_hero_108k")
+    assert (cfg.data.cells_from_step, cfg.data.cells_before) == (108_000, "conf/data/mochi_hero_cells.csv")
+    epochs = mixture.epochs_per_source(cfg)
+    launch = mixture.phase_tokens_between(cfg, 0, 108_000)
+    after = mixture.phase_tokens_between(cfg, 108_000, cfg.train.steps)
+    assert [a + b for a, b in zip(launch, after)] == mixture.phase_tokens(cfg) and launch[1] == 0
+    expected = (1.3588122376458724e-06 * launch[0] + 8.138020833333333e-05 * after[0]) / 135_733_770
+    assert epochs["c13q0"][0] == pytest.approx(expected) and epochs["c13q0"][0] == pytest.approx(5.698, abs=5e-4)
+    with pytest.raises(ConfigError, match=r"2 source\(s\) would repeat more than data.max_epochs=8 epochs"):
+        make_config("experiment=mochi_535b_a23b", "dry_run=true", "data=mochi_hero_108k", "data.cells_from_step=0")
+
+
+def test_the_cells_before_a_swap_must_be_the_same_cells(tmp_path):
+    rows = _rows()
+    path = tmp_path / "cells.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows[:-1])
+    with pytest.raises(ConfigError) as err:
+        make_config("data=mochi_hero_108k", "dry_run=true", f"data.cells_before={path}")
+    assert dict(err.value.problems)["data.cells_before"].startswith("must list the same cells as data.cells_file")
+    with pytest.raises(ConfigError, match="data.cells_before: no cells file at"):
+        make_config("data=mochi_hero_108k", "dry_run=true", f"data.cells_before={tmp_path}/nope.csv")

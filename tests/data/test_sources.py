@@ -64,7 +64,7 @@ def bpe_json(tmp_path):
 def test_tokenizer_json(tmp_path, bpe_json):
     write_jsonl(tmp_path / "a.jsonl", ["the quick brown fox", "mixture of experts"] * 30)
     cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])],
-                   tokenizer=str(bpe_json))
+                   tokenizer=str(bpe_json), overrides=["model.vocab_size=128"])  # ≤ 120 ids: 120–256 fit
     tok = load_tokenizer(str(bpe_json))
     assert tok.eos_id == 1 and tok.vocab_size <= 120
     loader = Loader(cfg, progress=False)

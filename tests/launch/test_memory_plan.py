@@ -9,7 +9,7 @@ from marin.model import accounting
 from tests.helpers import compose_dict, make_config
 
 RUNG = "experiment=ladder_d768"
-SUBMIT = (RUNG, "data=builtin")  # a launchable rung: the hero mixture's files are site-specific
+SUBMIT = (RUNG, "data=builtin", "data.allow_vocab_mismatch=true")  # launchable here: the hero's mixture and tokenizer are the site's
 
 
 def test_plan_has_the_limit_and_whether_the_run_fits():
@@ -99,6 +99,25 @@ def test_eval_step_estimate_follows_its_dispatch_buffers():
     rows = s.E * (tokens - accounting.capacity(tokens, s.k, s.E, waves.model.capacity_factor))
     buffer = rows * max(s.latent, s.I) * 4 / 2**30
     assert accounting.eval_memory_per_device(unbounded) - accounting.eval_memory_per_device(capped) >= buffer
+
+
+def test_train_estimate_follows_the_transport_buffers():
+    """The hero's dispatch buffers by `model.ep_transport`: fixed E·C rows; pooled its 3 waves'
+    (each: the sender's chunks or one stripe's receive buffer, whichever is larger; all live at the
+    compiled backward's peak); ragged the shared 1.15·T·k receive buffer (and T·k send rows)."""
+    cfgs = {t: make_config("experiment=mochi_535b_a23b", f"model.ep_transport={t}", "dry_run=true")
+            for t in ("fixed", "pooled", "ragged")}
+    tokens, k = 16 * 4096, 8
+    rows = {t: accounting.dispatch_rows(c, tokens) for t, c in cfgs.items()}
+    assert rows["fixed"] == 384 * accounting.capacity(tokens, k, 384, 1.15)
+    assert rows["ragged"] == 602936                         # 1.15 · 524,288 rounded up to a multiple of 8
+    # pooled: S = 1.15·T·k / (3 waves · 64 peers) → 3,144 rows; R = 1.15·T·k / 6 → 100,496; 2 experts a stripe
+    assert rows["pooled"] == 3 * max(64 * 3144, 2 * 100496) == 3 * 201216
+    small = make_config("experiment=mochi_535b_a23b", "model.ep_transport=pooled", "model.ep_send_capacity_factor=0.5",
+                        "model.ep_recv_capacity_factor=0.5", "dry_run=true")
+    assert accounting.dispatch_rows(small, tokens) < rows["pooled"]     # the factors size the buffers
+    total = {t: accounting.memory_per_device(c)["total"] for t, c in cfgs.items()}
+    assert total["ragged"] < total["pooled"] < total["fixed"], total
 
 
 def check_estimate_against_the_compiled_peak(done: dict) -> None:

@@ -25,13 +25,13 @@ def launch(*args: str, env=None) -> subprocess.CompletedProcess:
 def test_every_hardware_composes(name):
     model = {"h200_node": "model=small", "gb200_nvl72": "model=mochi"}.get(name, "model=tiny")
     batch = {"gb200_nvl72": "train.global_batch=1024"}.get(name, "train.global_batch=16")
-    cfg = make_config(f"hardware={name}", model, batch, "dry_run=true")
+    cfg = make_config(f"hardware={name}", model, batch, "data.allow_vocab_mismatch=true", "dry_run=true")
     assert cfg.hardware.name == name
 
 
 def test_racks_multiply_the_nodes_slurm_gets_and_are_the_replicas():
     cfg = make_config("hardware=gb200_nvl72", "hardware.racks=3", "model=mochi", "train.global_batch=3072",
-                      "dry_run=true")
+                      "data.allow_vocab_mismatch=true", "dry_run=true")
     hw, p = cfg.hardware, slurm.slurm_parameters(cfg)
     assert (hw.racks, hw.nodes, p["nodes"], p["ntasks_per_node"]) == (3, 16, 48, 4)  # the TOTAL node count
     assert (hw.mesh.replica_dcn, hw.mesh.data, hw.mesh.expert) == (3, 1, 64)
@@ -41,7 +41,7 @@ def test_racks_multiply_the_nodes_slurm_gets_and_are_the_replicas():
 def test_a_config_without_racks_keeps_its_total_nodes():
     """Configs saved before `racks` existed name the job's total nodes; racks defaults to 1."""
     cfg = make_config("hardware=gb200_nvl72", "hardware.nodes=176", "hardware.mesh.replica_dcn=11",
-                      "model=mochi", "train.global_batch=11264", "dry_run=true")
+                      "model=mochi", "train.global_batch=11264", "data.allow_vocab_mismatch=true", "dry_run=true")
     assert (cfg.hardware.racks, slurm.slurm_parameters(cfg)["nodes"], cfg.hardware.mesh.replica_dcn) == (1, 176, 11)
 
 

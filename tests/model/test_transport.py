@@ -1,5 +1,7 @@
-"""Training-time expert transports (`model.ep_transport`): `pooled` is near-dropless where `fixed`
-drops, and equals the dropless reference when nothing drops; `ragged` is exact (its index
+"""Training-time expert transports (`model.ep_transport`): with ample capacity every transport
+(fixed, pooled, ragged) equals the dropless reference; the published `pooled` drops
+exactly what a count by hand predicts, per stage (sender pool, receiver), and its round-robin
+receiver slots spread an overflow evenly over the senders; `ragged` is exact (its index
 arithmetic run through an emulated ragged_all_to_all, since XLA:CPU cannot run the op) and the
 hero's train step lowers with it for 64 devices; bad settings are refused.
 
@@ -10,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -41,46 +44,56 @@ def _subprocess(devices: int, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_pooled_waves_on_one_device_equal_the_dropless_reference():
-    """One device (peers = 1): overflow past R goes in the next wave; one wave drops."""
-    tokens, experts, k = 128, 8, 2
-    kx, kl, kw, kp = jax.random.split(jax.random.key(0), 4)
+def test_pooled_on_one_device_equals_the_reference_and_counts_its_drops():
+    """peers = 1, 6 experts in 3 stripes: with ample capacity the dropless result (values and
+    gradients of x and the weights); with a small receive buffer exactly the overflow drops."""
+    tokens, experts, k, waves = 96, 6, 2, 3
+    kx, kw, kp = jax.random.split(jax.random.key(1), 3)
     x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
-    logits = jax.random.normal(kl, (tokens, experts)).at[:96, :2].add(20.0)   # experts 0, 1 hot
-    top, idx = jax.lax.top_k(logits, k)
-    wts = jax.nn.softmax(top)
-    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, 1.25, 1.25)
-    fn = lambda xe: dispatch.expert_swiglu(xe, w)  # noqa: E731
+    t = jnp.arange(tokens)
+    idx = jnp.stack([t % experts, (t + 1) % experts], -1)            # 32 assignments per expert
+    wts = jnp.full((tokens, k), 0.5)
     probe = jax.random.normal(kp, x.shape)
+    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, waves, 4.0, 4.0)
 
-    def loss(x, waves):
-        y, dropped = dispatch.pooled_dispatch(x, idx, wts, fn, experts, 1, send, recv, waves)
-        return jnp.sum(y * probe), dropped
+    def loss(x, w, send, recv):
+        y, drops = dispatch.pooled_dispatch(x, idx, wts, w, experts, 1, send, recv, waves)
+        return jnp.sum(y * probe), drops
 
-    (l1, d1), _ = jax.jit(jax.value_and_grad(lambda x: loss(x, 1), has_aux=True))(x)
-    (l3, d3), g3 = jax.jit(jax.value_and_grad(lambda x: loss(x, 3), has_aux=True))(x)
-    ref, g_ref = jax.value_and_grad(lambda x: jnp.sum(dispatch.dense_dispatch(x, idx, wts, w) * probe))(x)
-    assert int(d1) > 0 and int(d3) == 0, (int(d1), int(d3))
-    np.testing.assert_allclose(l3, ref, rtol=1e-5)
-    np.testing.assert_allclose(g3, g_ref, atol=1e-5)
-    assert abs(float(l1) - float(ref)) > 1e-3          # the single wave really lost rows
+    (value, drops), grads = jax.jit(jax.value_and_grad(partial(loss, send=send, recv=recv), argnums=(0, 1),
+                                                        has_aux=True))(x, w)
+    ref, ref_grads = jax.value_and_grad(lambda x, w: jnp.sum(dispatch.dense_dispatch(x, idx, wts, w) * probe),
+                                        argnums=(0, 1))(x, w)
+    assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 0}
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # R = 24 rows per expert and wave (32 arrive): 8 refused per expert; S = 64 ≥ 64 sent per wave.
+    _, drops = jax.jit(partial(loss, send=64, recv=24))(x, w)
+    assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 6 * 8}
+    # S = 48 per wave (64 assignments per stripe): 16 dropped at the sender in each of 3 waves.
+    _, drops = jax.jit(partial(loss, send=48, recv=64))(x, w)
+    assert {s: int(v) for s, v in drops.items()} == {"send": 3 * 16, "recv": 0}
 
 
 # --- expert parallelism on 8 forced host devices ----------------------------------------------
 
+TRANSPORT_NAMES = ("fixed", "pooled", "ragged")
+
+
 def compare_transports() -> dict:
-    """data=2 × expert=4, E=16, k=4, 64 tokens per device. Device 0 routes all its tokens to
-    experts 0 and 1 first (both on peer 0): fixed drops them past C; pooled sends device 0's
-    overflow for peer 0 in a second wave while the experts themselves have room."""
-    from marin.model.mesh import make_mesh
+    """data=2 × expert=4, E=24 (6 local experts, 3 stripes), k=4, 64 tokens per device, capacity
+    factors so large that nothing can drop; device 0 routes all its tokens to experts 0 and 1
+    first (both on peer 0, stripe 0): every transport must give the dropless result."""
     from marin.model import expert_parallel
     from marin.model.expert_parallel import routed_experts_ep
+    from marin.model.mesh import make_mesh
 
-    experts, k, per_device, tokens = 16, 4, 64, 512
-    base = ("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.capacity_factor=1.25",
-            "model.ep_send_capacity_factor=1.25", "model.ep_recv_capacity_factor=1.25", "model.ep_waves=3",
+    experts, k, per_device, tokens = 24, 4, 64, 512
+    base = ("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.capacity_factor=6.0",
+            "model.ep_send_capacity_factor=8.0", "model.ep_recv_capacity_factor=8.0", "model.ep_waves=3",
             "hardware.host_devices=8", "hardware.mesh.expert=4")
-    cfgs = {t: make_config(*base, f"model.ep_transport={t}", "dry_run=true") for t in ("fixed", "pooled", "ragged")}
+    cfgs = {t: make_config(*base, f"model.ep_transport={t}", "dry_run=true") for t in TRANSPORT_NAMES}
     mesh = make_mesh(cfgs["fixed"])
     kx, kl, kw, kp = jax.random.split(jax.random.key(3), 4)
     x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
@@ -114,16 +127,85 @@ def compare_transports() -> dict:
 
 
 @pytest.mark.slow
-def test_pooled_is_near_dropless_where_fixed_drops_and_ragged_is_exact():
+def test_every_transport_with_ample_capacity_equals_the_dropless_reference():
     r = _subprocess(8, "ep")
     assert r["devices"] == 8, r
-    assert r["fixed"]["dropped"] > 0.02, r               # a (device, expert) pair overflows C
-    assert r["pooled"]["dropped"] < 0.001, r             # the same memory per wave, pooled + waves
-    assert r["ragged"]["dropped"] == 0.0, r
-    for name in ("pooled", "ragged"):                     # nothing dropped: the dropless loss and grads
+    for name in TRANSPORT_NAMES:                          # nothing dropped: the dropless loss and grads
+        assert r[name]["dropped"] == 0.0, (name, r)
         assert abs(r[name]["loss"] - r["ref"]) <= 1e-4 * max(1.0, abs(r["ref"])), (name, r)
         assert r[name]["grads_vs_ref"] <= 1e-4, (name, r)
-    assert abs(r["fixed"]["loss"] - r["ref"]) > 1e-3, r  # the drops really change the loss
+
+
+def count_pooled_drops() -> dict:
+    """The published pooled transport on data=2 × expert=4 with a routing one can count by hand.
+
+    E=24 over 4 peers: 6 local experts in 3 stripes of 2. T=96 tokens per device, k=2, factors
+    1.0: the sender's chunk per (wave, peer) is S = 192/12 = 16 rows, the receive buffer R =
+    192/6 = 32 rows per expert and wave. Every token's first choice is expert 0 (peer 0, stripe
+    0); its second is expert 6 + t mod 18 (peers 1–3, every stripe; at most 2 × 6 = 12 rows per
+    chunk, at most 4 × 6 = 24 per expert: never dropped). Second choices weigh 0, so a token's
+    output is zero exactly when its first choice was dropped."""
+    from jax.sharding import PartitionSpec as P
+
+    from marin.model.expert_parallel import _transport
+    from marin.model.mesh import BATCH_AXES, make_mesh
+
+    experts, k, per_device, devices = 24, 2, 96, 8
+    cfg = make_config("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.ep_transport=pooled",
+                      "model.ep_send_capacity_factor=1.0", "model.ep_recv_capacity_factor=1.0", "model.ep_waves=3",
+                      "hardware.host_devices=8", "hardware.mesh.expert=4", "dry_run=true")
+    mesh = make_mesh(cfg)
+    axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+    t = jnp.arange(per_device)
+    idx = jnp.tile(jnp.stack([jnp.zeros_like(t), 6 + t % 18], -1), (devices, 1)).astype(jnp.int32)
+    wts = jnp.tile(jnp.array([[1.0, 0.0]]), (devices * per_device, 1))
+    kx, kw = jax.random.split(jax.random.key(5))
+    x, w = jax.random.normal(kx, (devices * per_device, L)), _weights(kw, experts)
+
+    def local(x, idx, wts, gate, up, down):
+        fn = _transport(cfg, ExpertWeights(gate, up, down), experts, 4, x.shape[0], axes)
+        y, drops = fn(x, idx, wts)
+        return y, jax.lax.psum(drops, axes)
+
+    tok, ex = P(axes, None), P("expert", None, None)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, ex, ex, ex), out_specs=(tok, P()))
+    y, drops = jax.jit(fn)(x, idx, wts, w.gate, w.up, w.down)
+    zero = np.asarray(jnp.all(y == 0, axis=-1)).reshape(devices, per_device)
+    return {"drops": {s: int(v) for s, v in drops.items()}, "assignments": devices * per_device * k,
+            "recv_dropped_per_sender": zero[:, :16].sum(axis=1).tolist(),
+            "send_dropped_per_sender": zero[:, 16:].sum(axis=1).tolist(),
+            "dropped_tokens_of_sender_0": np.nonzero(zero[0, :16])[0].tolist()}
+
+
+@pytest.mark.slow
+def test_pooled_drops_per_stage_as_counted_by_hand_and_round_robin_over_senders():
+    r = _subprocess(8, "counts")
+    # Send: each device has 96 assignments for (peer 0, stripe 0) and a 16-row chunk: 80 dropped, × 8.
+    # Receive: expert 0 gets 4 senders × 16 = 64 rows for 32 slots: 32 refused, in each of 2 data groups.
+    assert r["drops"] == {"send": 8 * 80, "recv": 2 * 32}, r
+    assert r["send_dropped_per_sender"] == [80] * 8, r
+    # Round-robin: every sender's j-th row before any (j+1)-th: each keeps 8 and loses 8 ...
+    per_sender = r["recv_dropped_per_sender"]
+    assert max(per_sender) - min(per_sender) <= 2 and min(per_sender) > 0, r
+    assert per_sender == [8] * 8, r
+    assert r["dropped_tokens_of_sender_0"] == list(range(8, 16)), r     # ... its later rows
+
+
+def test_pooled_waves_must_divide_the_local_experts():
+    with pytest.raises(ConfigError) as err:
+        make_config("model=tiny", "model.num_experts=8", "hardware.host_devices=8", "hardware.mesh.expert=4",
+                    "model.ep_transport=pooled", "model.ep_waves=3")
+    assert [p[0] for p in err.value.problems] == ["model.ep_waves"]
+    assert "model.num_experts / hardware.mesh.expert = 2" in err.value.problems[0][1]
+    make_config("model=tiny", "model.num_experts=8", "hardware.host_devices=8", "hardware.mesh.expert=4",
+                "model.ep_transport=pooled", "model.ep_waves=2")
+
+
+def test_hero_and_ladder_run_the_published_transport():
+    for experiment in ("mochi_535b_a23b", "ladder_d768", "ladder_d1024", "ladder_d1536", "ladder_d2048"):
+        m = make_config(f"experiment={experiment}", "dry_run=true").model
+        assert (m.ep_transport, m.ep_send_capacity_factor, m.ep_recv_capacity_factor, m.ep_waves) == (
+            "pooled", 1.15, 1.15, 3), experiment
 
 
 # --- ragged: the hero's train step lowers on CPU ----------------------------------------------
@@ -196,7 +278,12 @@ def test_loop_logs_the_dropped_loss_beside_the_dropless_one_with_the_pooled_tran
     assert dropped and len(dropped) == len(dropless), summary
     assert summary["eval/macro_loss"] == pytest.approx(sum(dropless.values()) / len(dropless))
     assert any(abs(dropped[k + "_dropped"] - v) > 1e-5 for k, v in dropless.items()), summary
-    assert set(dropped) <= set(MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.metrics)
+    metrics = MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.metrics
+    assert set(dropped) <= set(metrics)
+    # drops by stage: the receive buffers (recv cf 0.25) refuse most; the sender pool none (cf 1.25)
+    assert metrics["train/dropped_frac/recv"] > 0.5 and metrics["train/dropped_frac/send"] == 0.0, metrics
+    assert metrics["train/dropped_frac"] == pytest.approx(metrics["train/dropped_frac/send"]
+                                                          + metrics["train/dropped_frac/recv"], rel=1e-5)
 
 
 # --- a transport switch at resume= ---------------------------------------------------------------
@@ -209,7 +296,8 @@ def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
     from marin.launch.resume import _note_resume, changes_between
     from marin.track import record
 
-    where = [f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "model=tiny"]
+    where = [f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "model=tiny",
+             "model.ep_waves=2"]   # tiny: 4 experts, 2 stripes
     before = make_config(*where, "model.ep_transport=pooled")
     after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")
     rec = record.create(before, before, [])
@@ -255,4 +343,4 @@ def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path):
 
 
 if __name__ == "__main__":
-    print(json.dumps(compare_transports() if sys.argv[1] == "ep" else lower_hero_ragged()))
+    print(json.dumps({"ep": compare_transports, "counts": count_pooled_drops, "hero": lower_hero_ragged}[sys.argv[1]]()))

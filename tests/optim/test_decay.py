@@ -113,3 +113,31 @@ def test_good_rules_validate_and_end_defaults_to_the_last_step():
     cfg = load(compose_dict("model=tiny", "optim=muonh", "train.steps=50",
                             "optim.decay=[{pattern: adam, value: 0.1}, {pattern: head/kernel, value: 0.1, end: 20}]"))[1]
     assert [(r.pattern, r.start, r.end) for r in cfg.optim.decay] == [("adam", 0, 50), ("head/kernel", 0, 20)]
+
+
+def test_a_rule_can_switch_on_part_way_down_its_line():
+    """The hero's gate/router decay (spec §8): the line 0.02 at step 0 → 0 at the last step,
+    off at launch, on from step 58,014 where it is 0.02 · (1 − 58,014/390,251) = 0.01703."""
+    from tests.helpers import make_config
+
+    from marin.optim.decay import describe
+
+    hero = make_config("experiment=mochi_535b_a23b", "dry_run=true")
+    assert [(r.pattern, r.value, r.origin, r.start, r.end) for r in hero.optim.decay] == [
+        ("attn/gate", 0.02, 0, 58_014, 390_251), ("moe/router", 0.02, 0, 58_014, 390_251)]
+    rule = hero.optim.decay[0]
+    assert coefficient(rule, 0) == coefficient(rule, 58_013) == 0.0          # off at launch
+    assert round(coefficient(rule, 58_014), 5) == 0.01703
+    assert coefficient(rule, 58_014) == pytest.approx(0.02 * (1 - 58_014 / 390_251), rel=1e-12)
+    assert float(jax.jit(rule_schedule(rule))(jnp.int32(58_014))) == pytest.approx(0.01703, abs=5e-6)
+    assert float(jax.jit(rule_schedule(rule))(jnp.int32(58_013))) == 0.0
+    assert "on from step 58,014 (0.01703 there)" in describe(hero)[0]
+    # origin defaults to start: the old meaning (value at start) is unchanged
+    plain = make_config("optim=muonh", "optim.decay=[{pattern: attn/gate, value: 0.02, start: 10}]").optim.decay[0]
+    assert plain.origin == 10 and coefficient(plain, 10) == 0.02
+
+
+def test_an_origin_after_start_is_refused():
+    with pytest.raises(ConfigError) as err:
+        load(compose_dict("optim=muonh", "optim.decay=[{pattern: attn/gate, value: 0.02, start: 5, origin: 9}]"))
+    assert "optim.decay[0].origin" in str(err.value)

@@ -6,7 +6,7 @@ import pytest
 
 from marin.optim import lr_at
 from marin.optim.hparams import padded_breakpoints
-from marin.optim.schedule import interp_schedule
+from marin.optim.schedule import interp_schedule, warmup_steps
 from tests.optim import config
 
 PEAK = 1e-2
@@ -68,3 +68,26 @@ def test_optax_schedule_matches_logged_lr_under_jit():
     schedule = jax.jit(interp_schedule(PEAK, *map(jnp.asarray, padded_breakpoints(cfg))))  # as the optimizer builds it
     for step in (0, 7, 14, 15, 100, 150, 199, 250):
         assert float(schedule(jnp.int32(step))) == pytest.approx(lr_at(cfg, step)["adamw"], rel=1e-5)
+
+
+def test_hero_warmup_and_phase_boundary_follow_productions_rule():
+    """Production (levanter `_convert_frac_or_steps`, marin `_phase_1_start_step`): warmup =
+    int(0.01 · 390,251) = 3,902 (not rounded: 3,903); the 80% boundary int(0.8 · 390,251) =
+    312,200 moved down to a multiple of 49,152 / gcd(49,152, 11,264) = 48 steps: 312,192."""
+    from marin.config import derive
+    from tests.helpers import make_config
+
+    hero = make_config("experiment=mochi_535b_a23b", "dry_run=true")
+    assert hero.train.steps == 390_251
+    assert derive.warmup_steps(hero) == warmup_steps(hero) == 3_902
+    assert derive.phase_step_multiple(hero) == 48
+    assert derive.phase_boundary_steps(hero) == [312_192]
+    for rung, batch in (("d768", 1024), ("d1024", 2048), ("d1536", 6144), ("d2048", 11264)):
+        cfg = make_config(f"experiment=ladder_{rung}", "dry_run=true")
+        steps, multiple = cfg.train.steps, 49_152 // np.gcd(49_152, batch)
+        [boundary] = derive.phase_boundary_steps(cfg)
+        assert boundary % multiple == 0 and 0 <= 0.8 * steps - boundary < multiple, rung
+        assert derive.warmup_steps(cfg) == int(0.01 * steps), rung
+    # without mixture blocks (the default) the boundary is the nearest step, as before
+    small = make_config("data=mochi_hero", "dry_run=true")
+    assert derive.phase_boundary_steps(small) == [round(0.8 * small.train.steps)]

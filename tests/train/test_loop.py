@@ -122,3 +122,35 @@ def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(
     assert done.returncode == 2, done.stderr[-3000:]
     assert "error: could not create the run record" in done.stderr and "Traceback" not in done.stderr
     assert not list((out / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_a_local_run_keeps_mlflow_out_of_the_training_process(tmp_path):
+    """MLflow (seconds of CPU to import and open a store) runs in the tracking process
+    (marin.track.worker), never in the process that trains; the run is tracked all the same."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from tests.helpers import compose_dict
+        from marin.launch.checks import load
+        from marin.launch.local import run_local
+        overrides = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
+                     "train.steps=3", "run.out_dir={tmp_path}"]
+        composed, resolved = load(compose_dict(*overrides))
+        rec = run_local(composed, resolved, overrides)
+        print("mlflow imported:", "mlflow" in sys.modules, rec.run_id, rec.tracking_uri)
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, imported, run_id, uri = done.stdout.split()[-4:]
+    assert imported == "False"
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and "train/loss" in run.data.metrics
