@@ -155,7 +155,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
     except SubmitError as err:
         _mark_unsubmitted(rec, str(err))
         fail(f"{err}\nthe run directory {rec.run_dir} and MLflow run {rec.run_id} were created; "
-             f"submit again with resume={rec.run_dir}", code=1)
+             f"submit again with {shlex.quote(f'resume={rec.run_dir}')}", code=1)
     if resolved.wait:
         code = follow(job)
         if code:

@@ -60,8 +60,9 @@ def _receive(stream):
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None
-    data = stream.read(_HEADER.unpack(header)[0])
-    return pickle.loads(data) if len(data) == _HEADER.unpack(header)[0] else None
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    return pickle.loads(data) if len(data) == size else None
 
 
 class Worker:

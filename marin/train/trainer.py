@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import sys
 
@@ -78,13 +79,16 @@ class Trainer:
         except Exception as err:  # noqa: BLE001 — one line for the user, not a traceback
             raise RunNotMade(first_line(err)) from None
         line = f"mlflow run: {self.rec.run_id} ({secrets.safe_uri(self.rec.tracking_uri)})"
-        self.metrics.write(line) if self.metrics is not None else say(line)
+        if self.metrics is not None:
+            self.metrics.write(line)  # above the progress bar
+        else:
+            say(line)
 
     def fit(self) -> dict:
         """Train to the end (or `train.stop_after`); returns {step, loss, eval losses}."""
 
         status, line = "FAILED", None  # what MLflow records if anything below raises
-        resume = f"continue with: python launch.py resume={self.rec.run_dir}"
+        resume = f"continue with: python launch.py {shlex.quote(f'resume={self.rec.run_dir}')}"
         try:
             summary = self._fit()
             status = "FINISHED"

@@ -74,8 +74,10 @@ def test_poll_passes_the_rolling_checkpoint_decision():
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
-    """launch.py in a subprocess; the signal comes once the first step is logged."""
+    """launch.py in a subprocess; the signal comes once the first step is logged. The run lives
+    under a folder with a space: the printed resume command is shell-quoted."""
     import re
+    import shlex
     import sys
     import time
     from pathlib import Path
@@ -85,10 +87,10 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     root = Path(__file__).resolve().parents[2]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    err = tmp_path / "stderr.txt"
+    err, out = tmp_path / "stderr.txt", tmp_path / "my runs"
     with err.open("w") as stderr:
         proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", "train.steps=100000", "train.seq_len=32",
-                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
+                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={out}",
                                  f"tracking.uri={uri}"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 300
         while "loss=" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
@@ -97,9 +99,11 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
         rc = proc.wait(timeout=300)
     text = err.read_text()
     assert rc == code, text[-3000:]
-    run_dir = Path(re.search(r"run directory: (\S+)", text).group(1))
+    run_dir = Path(re.search(r"run directory: (.+)", text).group(1))
+    assert run_dir.parent.parent == out
     lines = [line for line in text.replace("\r", "\n").splitlines() if "resume=" in line]
-    assert lines == [next(line for line in lines if line.endswith(f"python launch.py resume={run_dir}"))], lines
+    assert len(lines) == 1, lines
+    assert shlex.split(lines[0].split("continue with: ")[1]) == ["python", "launch.py", f"resume={run_dir}"], lines
     assert "Traceback" not in text
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
     run_id = json.loads((run_dir / "record.json").read_text())["run_id"]
