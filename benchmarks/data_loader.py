@@ -26,7 +26,8 @@ TARGET = 20.0
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from marin.config.paths import CONF_DIR
     from marin.config.store import register

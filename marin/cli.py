@@ -36,6 +36,9 @@ def setup_logging() -> None:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
     guard_output()  # the handler just made gets the masking filter too
+    # JAX's INFO lines are for its developers: one per platform it could not start ("Unable to
+    # initialize backend 'tpu': … libtpu.so") on every machine without that hardware
+    logging.getLogger("jax").setLevel(logging.WARNING)
 
 
 def config_errors(err: ConfigError, prefix: str = "") -> str:

@@ -1,17 +1,22 @@
-"""`python -m marin.diff <run A> <run B>`: the config leaves that differ between two runs.
+"""`python -m marin.diff <run A> <run B>`: the config leaves that differ between two runs, and
+what came of them.
 
-A run is a run directory (or its name under outputs/runs/) or an MLflow run id. The resolved
+A run is named as every tool names it (`marin.track.refs`: its directory, its name under
+outputs/runs/, its MLflow run id, a unique prefix of either, `<sweep>/<job>`). The resolved
 configs are compared (what was trained); a leaf whose composed value was ``auto`` is marked
-``(derived)``. Exit status: 0 same config, 1 different, 2 a run could not be opened.
+``(derived)``. Under them, each run's results: its state, last step, and latest train loss, eval
+loss and tokens/s (from its MLflow run; from its directory when the store does not answer).
+Exit status: 0 same config, 1 different, 2 a run could not be opened.
 """
 from __future__ import annotations
 
+import json
 import sys
 
 from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail
-from marin.track import record
+from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.record import flatten
 
@@ -39,6 +44,58 @@ def differences(a: record.RunRecord, b: record.RunRecord, which: str = "resolved
     return rows
 
 
+# The results compared under the config: (metric, format); "state" and "step" come first.
+RESULTS = (("train/loss", "{:.4f}"), ("eval/macro_loss", "{:.4f}"), ("train/tokens_per_s", "{:,.0f}"))
+LOSS = RESULTS[0][0]
+
+
+def results(rec: record.RunRecord) -> dict:
+    """{"state", "step", metric: latest value} of a run: from its MLflow run, else from its
+    directory (record.json's status, metrics.jsonl). Reads only."""
+    try:
+        backend.check_reachable(rec.tracking_uri)
+        client = backend.client(rec.tracking_uri)
+        run = client.get_run(rec.run_id)
+        history = client.get_metric_history(rec.run_id, LOSS)
+        return {"state": run.info.status, "step": max((m.step for m in history), default=None),
+                **{key: run.data.metrics.get(key) for key, _ in RESULTS}}
+    except Exception:  # the store is gone or elsewhere: the run directory keeps the same numbers
+        return _results_from_files(rec)
+
+
+def _results_from_files(rec: record.RunRecord) -> dict:
+    out = {"state": rec.info().get("status") or "?", "step": None, **{key: None for key, _ in RESULTS}}
+    latest: dict = {}
+    try:
+        with (rec.run_dir / "metrics.jsonl").open() as lines:
+            for line in lines:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short
+                if row.get("key") in out and row["step"] >= latest.get(row["key"], -1):
+                    latest[row["key"]], out[row["key"]] = row["step"], row["value"]
+    except OSError:
+        pass
+    out["step"] = latest.get(LOSS)
+    return out
+
+
+def print_results(a: dict, b: dict, out=None) -> None:
+    """State, step and the metrics of A and B side by side, with B − A for the numbers."""
+    out = out or sys.stdout
+    width = max(len(key) for key, _ in RESULTS)
+    print(f"\n{'result':<{width}}  {'A':>14}  {'B':>14}  {'B - A':>12}", file=out)
+    print(f"{'state':<{width}}  {a['state']:>14}  {b['state']:>14}", file=out)
+    for key, form in (("step", "{:d}"), *RESULTS):
+        va, vb = a.get(key), b.get(key)
+        cells = ["-" if v is None else form.format(v) for v in (va, vb)]
+        delta = "" if va is None or vb is None else form.format(vb - va)
+        if delta and not delta.startswith("-"):
+            delta = "+" + delta
+        print(f"{key:<{width}}  {cells[0]:>14}  {cells[1]:>14}  {delta:>12}", file=out)
+
+
 def _short(value, width: int = 40) -> str:
     text = str(value)
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -52,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="include run.*, tracking.* and control leaves")
     parser.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
                         "or the project's sqlite store)")
+    parser.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     try:
-        a = record.open(args.run_a, tracking_uri=args.tracking_uri)
-        b = record.open(args.run_b, tracking_uri=args.tracking_uri)
+        a = record.open(args.run_a, tracking_uri=args.tracking_uri, out_dir=args.out_dir)
+        b = record.open(args.run_b, tracking_uri=args.tracking_uri, out_dir=args.out_dir)
         rows = differences(a, b, "composed" if args.composed else "resolved", bookkeeping=args.all)
     except record.RecordError as err:
         fail(first_line(err))
@@ -68,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"git commit: {str(ga)[:12]} vs {str(gb)[:12]}")
     if not rows:
         print("configs are identical")
-        return 0
-    width = max(len(k) for k, *_ in rows)
-    print(f"{'leaf':<{width}}  {'A':<40}  {'B':<40}")
-    for key, va, vb, derived in rows:
-        print(f"{key:<{width}}  {_short(va):<40}  {_short(vb):<40}{'  (derived)' if derived else ''}")
-    return 1
+    else:
+        width = max(len(k) for k, *_ in rows)
+        print(f"{'leaf':<{width}}  {'A':<40}  {'B':<40}")
+        for key, va, vb, derived in rows:
+            print(f"{key:<{width}}  {_short(va):<40}  {_short(vb):<40}{'  (derived)' if derived else ''}")
+    print_results(results(a), results(b))
+    return 1 if rows else 0
 
 
 if __name__ == "__main__":

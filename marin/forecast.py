@@ -9,10 +9,17 @@ log C; ``--fit-E`` fits E as well (least squares on L). The target's C at the sa
 from its config alone (compose ``experiment=<target>``, as its dry run does). Prints a table,
 saves a plot and logs both to the sweep's parent run.
 
-``--register [PATH]`` also pre-registers the forecast (default ``conf/forecasts/<target>.yaml``):
-at each 5% point the predicted loss, its 95% band and the fit, with the ladder's run ids; a run
-with ``forecast.registered=<that file>`` checks itself against it (marin/track/forecast_check.py).
-A ladder or fit refused above, or a point without a band, writes nothing.
+``--register [PATH]`` also pre-registers the forecast (default ``outputs/forecasts/<target>.yaml``,
+git-ignored, so registering does not make every later run "dirty"; a path in the project's tracked
+tree prints that the file must be committed before the run): at each 5% point the predicted loss,
+its 95% band and the fit, with the ladder's run ids; a run with ``forecast.registered=<that file>``
+checks itself against it (marin/track/forecast_check.py). A ladder or fit refused above, or a point
+without a band, writes nothing.
+
+Caveats (`caveats`): a target more than FAR (100×) beyond the largest rung's compute, a target whose
+steps and tokens per active parameter both differ from the rungs' (a 100-step ladder for a 200-step
+target), or an unbounded final band (`unbounded`) are printed as `warning:` lines under the table
+and in the headline; ``--register`` refuses them unless ``--force`` (the file then lists them).
 """
 from __future__ import annotations
 
@@ -27,12 +34,12 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail
-from marin.config.paths import CONF_DIR, project_path
+from marin.config.paths import PROJECT_ROOT, project_path
 from marin.config.schema import Config
-from marin.config.store import register
+from marin.config.store import compose
 from marin.launch.checks import load
 from marin.model import accounting
-from marin.track import backend, forecast_check, sweep
+from marin.track import backend, forecast_check, refs, sweep
 from marin.track.errors import first_line
 from marin.track.record import COMPOSED, RESOLVED, flatten
 
@@ -55,6 +62,9 @@ LADDER_FREE = ("model.name", "model.d_model", "model.num_layers", "model.expert_
 # its run, as the published ladder did for d2048 (stopped at 81%, spec §8); one that stopped
 # before EXTRAPOLATE_FROM is refused.
 EXTRAPOLATE_FROM, EXTRAPOLATE_TO = 0.6, 0.8
+FAR = 100.0          # a target more than this many times the largest rung's compute is flagged
+SAME_RECIPE = 0.05   # rungs and target "train alike" when their tokens per active parameter are this close
+REGISTER_DIR = "outputs/forecasts"  # git-ignored: a registration does not make later runs dirty
 
 
 class NotALadder(ValueError):
@@ -70,6 +80,7 @@ class Rung:
     history: list[tuple[int, float]]  # (step, loss), sorted
     leaves: dict | None = None     # its composed config, flattened (what a ladder check compares)
     line: tuple[float, float] | None = None  # (slope, intercept) past its last evaluation (`extrapolated`)
+    tokens_per_param: float | None = None    # tokens trained per active parameter over its horizon
 
     @property
     def stopped_at(self) -> int | None:
@@ -142,6 +153,11 @@ def horizon(cfg: Config) -> int:
     return int(cfg.schedule.horizon_steps or cfg.train.steps)
 
 
+def tokens_per_param(cfg: Config) -> float:
+    """Tokens over the run's horizon per active parameter (the token-budget rule's quantity)."""
+    return horizon(cfg) * cfg.train.seq_len * cfg.train.global_batch / accounting.active_params(cfg)
+
+
 def load_resolved(run_dir: str | Path) -> Config:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / RESOLVED)))
 
@@ -156,7 +172,8 @@ def rungs_of(client, parent, metric: str) -> list[Rung]:
             continue
         cfg = load_resolved(run_dir)
         rungs.append(extrapolated(Rung(kid.info.run_name or kid.info.run_id, kid.info.run_id, horizon(cfg),
-                                       training_flops_per_step(cfg), history, _composed_leaves(run_dir))))
+                                       training_flops_per_step(cfg), history, _composed_leaves(run_dir),
+                                       tokens_per_param=tokens_per_param(cfg))))
     return rungs
 
 
@@ -186,6 +203,39 @@ def check_fit(fit: Fit, min_r2: float) -> None:
         raise NotALadder(f"{at} has alpha = {fit.alpha:.4f} ≤ 0: the loss does not fall with compute")
     if fit.r2 < min_r2:
         raise NotALadder(f"{at} has R² = {fit.r2:.3f} < --min-r2 {min_r2}: the law does not describe the rungs")
+
+
+def caveats(fits: list[Fit], rungs: list[Rung], cfg: Config) -> list[str]:
+    """Why the forecast of target `cfg` may not be worth much, one sentence each (none: nothing to
+    say): a target far beyond the ladder's compute, a target trained unlike the rungs, an
+    unbounded final band."""
+    out = []
+    final = fits[-1] if fits else None
+    largest = max((r.flops_per_step * r.steps for r in rungs), default=0.0)
+    if final is not None and final.target_C and largest and final.target_C > FAR * largest:
+        out.append(f"the target's compute C = {final.target_C:.3g} is {final.target_C / largest:.3g}× the largest "
+                   f"rung's ({largest:.3g}), more than {FAR:g}×: the law is extrapolated far beyond its data")
+    steps, tpp = horizon(cfg), tokens_per_param(cfg)
+    same_steps = all(r.steps == steps for r in rungs)
+    same_tpp = all(r.tokens_per_param is not None and math.isclose(r.tokens_per_param, tpp, rel_tol=SAME_RECIPE)
+                   for r in rungs)
+    if rungs and not (same_steps or same_tpp):
+        rung_steps = ", ".join(f"{s:,}" for s in sorted({r.steps for r in rungs}))
+        known = [r.tokens_per_param for r in rungs if r.tokens_per_param is not None]
+        rung_tpp = f"{min(known):.3g}–{max(known):.3g}" if known else "unknown"
+        out.append(f"the rungs train {rung_steps} steps ({rung_tpp} tokens per active parameter), the target "
+                   f"{steps:,} ({tpp:.3g}): its loss at each 5% point is not the ladder's (same steps or same "
+                   "tokens per parameter needed)")
+    if final is not None and unbounded(final.band(final.target_C), final.predict(final.target_C)):
+        out.append(f"the 95% band at {round(final.fraction * 100)}% of training is unbounded "
+                   f"({_band_text(final, raw=True)}): the ladder does not pin the target's loss")
+    return out
+
+
+def unbounded(band: tuple[float, float] | None, predicted: float) -> bool:
+    """A band that says nothing: wider than the predicted loss itself (e.g. 1.5000–853565.7)."""
+    return band is not None and not (math.isfinite(band[0]) and math.isfinite(band[1])
+                                     and band[1] - band[0] <= abs(predicted))
 
 
 def _t95(dof: int) -> float:
@@ -295,12 +345,7 @@ def fit_at(rungs: list[Rung], fraction: float, E: float | None) -> Fit | None:
 def target_config(target: str, overrides: list[str]) -> Config:
     """The resolved config of experiment `target` (plus overrides), composed as its dry run is
     (without its site-specific data files)."""
-    from hydra import compose, initialize_config_dir
-
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return load(compose("config", overrides=[f"experiment={target}", "dry_run=true", *overrides]))[1]
+    return load(compose([f"experiment={target}", "dry_run=true", *overrides]))[1]
 
 
 def plot(fits: list[Fit], target: str, path: Path) -> Path:
@@ -348,7 +393,7 @@ def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: fl
 
 
 def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, metric: str,
-                 E: float | None, parent, overrides: list[str]) -> dict:
+                 E: float | None, parent, overrides: list[str], forced: list[str] = ()) -> dict:
     """The pre-registered forecast of `target` (the document `forecast_check.write` saves).
     Raises NotALadder when a point has no band: a forecast without one cannot raise an alert."""
     from datetime import datetime, timezone
@@ -379,15 +424,20 @@ def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, m
                         **({"stopped_at": r.stopped_at} if r.stopped_at is not None else {})}
                        for r in rungs],
             "registered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **({"caveats": list(forced)} if forced else {}),  # registered anyway (--force)
             "points": points}
 
 
-def _band_text(fit: Fit) -> str:
+def _band_text(fit: Fit, raw: bool = False) -> str:
     band = fit.band(fit.target_C)
-    return f"{band[0]:.4f}–{band[1]:.4f}" if band else "n/a"
+    if band is None:
+        return "n/a"
+    if not raw and unbounded(band, fit.predict(fit.target_C)):
+        return "unbounded"
+    return f"{band[0]:.4f}–{band[1]:.4g}" if raw else f"{band[0]:.4f}–{band[1]:.4f}"
 
 
-def table(fits: list[Fit], target: str) -> str:
+def table(fits: list[Fit], target: str, warnings: list[str] = ()) -> str:
     lines = [f"{'at':>4}  {'rungs':>5}  {'E':>6}  {'A':>10}  {'alpha':>7}  {'R²':>6}  {'target C':>10}  "
              f"{target + ' loss':>14}  95% band"]
     for f in fits:
@@ -397,7 +447,28 @@ def table(fits: list[Fit], target: str) -> str:
     if any(f.extrapolated for f in fits):
         lines.append(f"* a rung that stopped early, its loss extended linearly from its "
                      f"{EXTRAPOLATE_FROM:.0%}–{EXTRAPOLATE_TO:.0%} evaluations")
+    lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines)
+
+
+def default_register_path(target: str) -> Path:
+    return project_path(f"{REGISTER_DIR}/{target}.yaml")
+
+
+def commit_note(path: Path) -> str | None:
+    """What to do with a registration written inside the project's tracked tree: commit it before
+    the run (uncommitted, every later run is recorded "dirty"); None for a git-ignored path."""
+    import subprocess
+
+    try:
+        inside = path.resolve().relative_to(PROJECT_ROOT)
+    except ValueError:
+        return None  # outside the project: the user's own file
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(inside)], cwd=PROJECT_ROOT, capture_output=True)
+    if ignored.returncode == 0:
+        return None
+    return (f"{inside} is in the project's tracked tree: commit it before the run "
+            f"(git add {inside} && git commit), or every later run is recorded dirty")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,33 +483,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
     parser.add_argument("--out", type=Path, help="the plot's path (default: the sweep directory)")
     parser.add_argument("--register", nargs="?", const="", metavar="PATH",
-                        help="pre-register the forecast (default: conf/forecasts/<target>.yaml) for a run "
+                        help=f"pre-register the forecast (default: {REGISTER_DIR}/<target>.yaml) for a run "
                              "with forecast.registered=<that file> to check itself against")
+    parser.add_argument("--force", action="store_true",
+                        help="register despite the caveats (a target far beyond the ladder, trained unlike "
+                             "its rungs, or an unbounded band); the file lists them")
     parser.add_argument("--tracking-uri")
     parser.add_argument("--out-dir", help="where sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        client, parent = sweep.open_parent(args.sweep, args.tracking_uri, args.out_dir)
+        client, parent = refs.open_sweep(args.sweep, args.tracking_uri, args.out_dir)
         E, rungs = None if args.fit_E else args.E, []
         fits, cfg = forecast(client, parent, args.target, args.metric, E, args.set, rungs)
         if not fits:
             raise NotALadder("no point of training has enough rungs with a loss above E to fit")
         check_fit(fits[-1], args.min_r2)
+        warnings = caveats(fits, rungs, cfg)
         registered = None
         if args.register is not None:
-            doc = registration(fits, rungs, cfg, args.target, args.metric, E, parent, args.set)
-            registered = forecast_check.write(project_path(args.register or f"conf/forecasts/{args.target}.yaml"), doc)
+            if warnings and not args.force:
+                raise NotALadder(f"--register refused: {warnings[0]}"
+                                 f"{f' (and {len(warnings) - 1} more caveat(s))' if len(warnings) > 1 else ''}; "
+                                 "--force registers anyway")
+            doc = registration(fits, rungs, cfg, args.target, args.metric, E, parent, args.set, warnings)
+            path = project_path(args.register) if args.register else default_register_path(args.target)
+            registered = forecast_check.write(path, doc)
     except (sweep.SweepNotFound, backend.TrackingUnavailable, ValueError) as err:
         fail(first_line(err))
     except Exception as err:  # the target does not compose, the store answers with an error
         fail(f"{type(err).__name__}: {first_line(err)}")
-    text = table(fits, args.target)
+    text = table(fits, args.target, warnings)
     print(text)
     final = fits[-1]
     print(f"forecast for {args.target} at {round(final.fraction * 100)}% of training: "
           f"{final.predict(final.target_C):.4f} (95% band {_band_text(final)}; "
-          f"alpha {final.alpha:.4f}, R² {final.r2:.3f}, {len(final.points)} rungs)")
+          f"alpha {final.alpha:.4f}, R² {final.r2:.3f}, {len(final.points)} rungs)"
+          + (f" — {len(warnings)} caveat(s), see the warning: lines above" if warnings else ""))
     folder = Path(parent.data.tags.get("sweep_dir") or ".")
     path = args.out or folder / f"forecast-{args.target}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -455,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     if registered is not None:
         client.log_artifact(run_id, str(registered), "forecast")
         print(f"registered: {registered} (run with forecast.registered={registered})")
+        if (note := commit_note(registered)) is not None:
+            print(f"note: {note}")
     print(f"plot: {path} (logged to MLflow run {run_id})")
     return 0
 

@@ -3,7 +3,9 @@
 Greedy by default; `--temperature T` samples from softmax(logits / T), `--top-k K` from the K
 likeliest tokens only, `--seed` makes sampling repeatable. The prompt is encoded with the run's
 own tokenizer (`data.tokenizer`), or given as ids (`--prompt-ids`); the output is the prompt and
-its continuation as text (`--json`: the ids too). Generation stops after `--max-new-tokens` or at
+its continuation as text, printed as it is generated (`--json`: one object at the end, the ids
+too); the checkpoint's step goes to stderr. Generation stops after `--max-new-tokens` (at most
+MAX_NEW_TOKENS) or at
 the tokenizer's end-of-document id (unless `--ignore-eos`). Only ids the tokenizer has are sampled
 (a model's vocabulary may be padded beyond them; the byte tokenizer's pad id is never a target).
 
@@ -40,6 +42,7 @@ from marin.track.errors import first_line
 from marin.train.checkpoint import NoCheckpointError, checkpoint_dir, restore_from
 
 log = logging.getLogger("marin.generate")
+MAX_NEW_TOKENS = 100_000  # each new token is a whole forward pass (no KV cache): more is never meant
 
 
 class GenerateError(ValueError):
@@ -162,8 +165,9 @@ def _next_token_fn(model: Model, temperature: float, top_k: int, allowed: int, b
 
 
 def generate(model: Model, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-             seed: int = 0, stop_at_eos: bool = True) -> list[int]:
-    """The new ids after `prompt` (at most `max_new_tokens`; fewer if the end-of-document id comes)."""
+             seed: int = 0, stop_at_eos: bool = True, on_token=None) -> list[int]:
+    """The new ids after `prompt` (at most `max_new_tokens`; fewer if the end-of-document id comes);
+    `on_token(id)` is called with each as it comes."""
     import jax
     import numpy as np
 
@@ -191,9 +195,40 @@ def generate(model: Model, prompt: list[int], max_new_tokens: int, temperature: 
         token = int(step(model.params, model.router_bias, tokens, segments, np.int32(n), jax.random.fold_in(key, i)))
         ids.append(token)
         new.append(token)
+        if on_token is not None:
+            on_token(token)
         if stop_at_eos and token == tok.eos_id:
             break
     return new
+
+
+class Stream:
+    """Prints the prompt and then each new token's text as it comes, so a long generation is not
+    silent; the text printed in the end is exactly `decode(prompt + new)`. A token that ends inside
+    a multi-byte character waits for the next one."""
+
+    def __init__(self, tokenizer, prompt: list[int], out=None):
+        self.tokenizer, self.ids, self.shown = tokenizer, list(prompt), ""
+        self.out = out or sys.stdout
+        self._show()
+
+    def _show(self, final: bool = False) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if not final and (text.endswith("\ufffd") or not text.startswith(self.shown)):
+            return  # half a character (or a re-segmented tail): wait for more
+        if not text.startswith(self.shown):  # the final text differs from what was shown: show it whole
+            self.out.write("\n")
+            self.shown = ""
+        self.out.write(text[len(self.shown):] + ("\n" if final else ""))
+        self.out.flush()
+        self.shown = text
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        self._show()
+
+    def end(self) -> None:
+        self._show(final=True)
 
 
 # ---------------------------------------------------------------------------- command line
@@ -204,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="text, encoded with the run's tokenizer")
     source.add_argument("--prompt-ids", metavar="IDS", help="token ids instead, e.g. 72,105")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help=f"default 64, at most {MAX_NEW_TOKENS:,}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (0 = all)")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
@@ -213,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="where to look MLflow run ids up")
     parser.add_argument("--out-dir", help="where run names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
-    if args.max_new_tokens < 1:
-        fail(f"--max-new-tokens must be at least 1; got {args.max_new_tokens}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        fail(f"--max-new-tokens must be 1 to {MAX_NEW_TOKENS:,} (each token is a whole forward pass); "
+             f"got {args.max_new_tokens:,}")
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         fail(f"--temperature must be 0 (greedy) or positive; got {args.temperature}")
     if args.top_k < 0:
@@ -238,14 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"run {rec.run_dir.name}: {first_line(err)}")
     except Exception as err:  # a checkpoint of another model layout (the code changed since), a damaged file
         fail(f"run {rec.run_dir.name}: cannot restore its checkpoint ({type(err).__name__}: {first_line(err)})")
+    print(f"checkpoint: step {model.step:,} of run {rec.run_dir.name} ({rec.run_id})", file=sys.stderr, flush=True)
+    stream = None if args.json else Stream(model.tokenizer, prompt)
     new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                   stop_at_eos=not args.ignore_eos)
-    text = model.tokenizer.decode(prompt + new)
-    if args.json:
-        print(json.dumps({"run_id": rec.run_id, "checkpoint_step": model.step, "prompt_ids": prompt,
-                          "new_ids": new, "text": text, "new_text": model.tokenizer.decode(new)}))
-    else:
-        print(text)
+                   stop_at_eos=not args.ignore_eos, on_token=stream)
+    if stream is not None:
+        stream.end()
+        return 0
+    print(json.dumps({"run_id": rec.run_id, "checkpoint_step": model.step, "prompt_ids": prompt, "new_ids": new,
+                      "text": model.tokenizer.decode(prompt + new), "new_text": model.tokenizer.decode(new)}))
     return 0
 
 

@@ -12,17 +12,16 @@ import sys
 from pathlib import Path
 
 from marin.cli import Parser, fail
-from marin.track import backend, record, sweep
+from marin.track import backend, record, refs, sweep
 from marin.track.errors import first_line
 from marin.track.report import write_run_report, write_sweep_report
 
 # ---------------------------------------------------------------------------- command line
 
 def _open(ref: str, tracking_uri: str | None, out_dir: str | None):
-    """("sweep", (client, parent)) or ("run", record) for a sweep or run reference."""
-    folder = Path(ref).expanduser()
-    if (folder / "sweep.json").is_file() or (not folder.exists() and sweep.find_sweep_dir(ref, out_dir)):
-        return "sweep", sweep.open_parent(ref, tracking_uri, out_dir)
+    """("sweep", (client, parent)) or ("run", record) for a sweep or run reference (`marin.track.refs`)."""
+    if refs.names_sweep(ref, out_dir):
+        return "sweep", refs.open_sweep(ref, tracking_uri, out_dir)
     try:
         return "run", record.open(ref, tracking_uri=tracking_uri, out_dir=Path(out_dir) if out_dir else None)
     except record.RecordError as run_err:

@@ -3,7 +3,7 @@ pointed away from any user store, and what a parallel run (`-n 2`, pytest-xdist)
 
 - `run_dir(config)`: one folder per test run, shared by the xdist controller and its workers;
   `once(config, name, make)`: a JSON result computed by the first process that asks, read by the others.
-- `hero_compiled`: the hero's `dry_run=compile`, compiled once per run.
+- `hero_compiled`: the hero's `dry_run=compile_json`, compiled once per run.
 - The services (tests/services.py) start lazily for the tests that need them: `slurm` marks the
   local cluster, `browser` a headless Chromium, the `tracking_uri` fixture an MLflow server.
 - Under xdist (`-n 2`), tests sharing a module-scoped fixture (a trained run) go to one worker, the
@@ -84,12 +84,12 @@ def once(config, name: str, make):
 
 # --- the hero, compiled once -----------------------------------------------------------------------
 
-HERO_COMPILE = ("experiment=mochi_535b_a23b", "dry_run=compile")
+HERO_COMPILE = ("experiment=mochi_535b_a23b", "dry_run=compile_json")
 
 
 @pytest.fixture(scope="session")
 def hero_compiled(request) -> dict:
-    """`launch.py experiment=mochi_535b_a23b dry_run=compile` run once per test run (about 45 s on
+    """`launch.py experiment=mochi_535b_a23b dry_run=compile_json` run once per test run (about 45 s on
     2 cores with a cold JAX cache, 5 s with a warm one): {"returncode", "stdout", "stderr"}. Under xdist the tests using it form one group (below),
     so they run one after the other on one worker and no worker waits for another."""
     import subprocess

@@ -1,17 +1,12 @@
 """Test helpers: compose a config exactly as launch.py does (Hydra's compose API)."""
 from __future__ import annotations
 
-from hydra import compose, initialize_config_dir
-
-from marin.config.paths import CONF_DIR
-from marin.config.store import register
+from marin.config.store import compose
 from marin.launch.checks import load
 
 
 def compose_dict(*overrides: str):
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose(overrides)
 
 
 def make_config(*overrides: str):

@@ -38,3 +38,60 @@ def untrained_run(tmp_path_factory):
     overrides = overrides_for(tiny_run(tmp_path_factory)[0].run_dir.parent.parent)
     composed, cfg = load(compose_dict(*overrides))
     return record.create(composed, cfg, overrides)
+
+
+FORKABLE = ["model=tiny", "train.seq_len=32", "train.global_batch=4", "train.steps=6", "train.eval_every=0",
+            "train.eval_batches=1", "train.checkpoint.every_steps=3"]
+
+
+def forkable_run(tmp_path_factory):
+    """A tiny run trained in-process to step 6 with checkpoints at 3 and 6 (in its own sqlite store),
+    shared read-only by the fork, lineage and A/B tests: a fork at 3 must repeat its steps 4…6."""
+    if "forkable" not in _made:
+        import signal
+
+        from marin.launch.checks import load
+        from marin.track import record
+        from marin.train.loop import train
+
+        root = tmp_path_factory.mktemp("forkable")
+        overrides = [*FORKABLE, f"run.out_dir={root}", f"tracking.uri=sqlite:///{root}/mlflow.db"]
+        composed, cfg = load(compose_dict(*overrides))
+        rec = record.create(composed, cfg, overrides)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+        train(cfg, rec)
+        for s, h in handlers.items():  # the trainer's preemption handlers stay with the trainer
+            signal.signal(s, h)
+        _detach_run_logs()  # as if it had run in its own process: later lines are not its run.log's
+        _made["forkable"] = rec
+    return _made["forkable"]
+
+
+def fork_of(tmp_path_factory, *overrides: str):
+    """The record of a fork of `forkable_run` at step 3 with `overrides`, made in-process once per
+    distinct overrides (marin.launch.fork, as `launch.py fork=<run>@3 …` runs it)."""
+    key = ("fork", overrides)
+    if key not in _made:
+        import signal
+
+        from omegaconf import OmegaConf
+
+        from marin.launch.fork import fork
+
+        parent = forkable_run(tmp_path_factory)
+        spec = f"{parent.run_dir}@3"
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+        _made[key] = fork(OmegaConf.create({"fork": spec, "dry_run": False}), [f"fork={spec}", *overrides])
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        _detach_run_logs()
+    return _made[key]
+
+
+def _detach_run_logs() -> None:
+    import logging
+
+    from marin.track import record
+
+    for handler in [h for h in logging.getLogger().handlers if getattr(h, "marin_run_log", False)]:
+        record.detach_log(handler)

@@ -11,7 +11,8 @@
 4. other jobs run here, one after another; one that fails does not stop the others; the parent
    ends FINISHED, FAILED or KILLED (Ctrl-C) with them, and the exit status is the worst job's.
 
-A multirun `dry_run=json` prints one JSON line per job: its overrides and its plan.
+A multirun `dry_run=json` prints one JSON line per job: its overrides and its plan; `dry_run=true`
+one row per job under one header (marin.launch.plan.plan_row; a single job's table: run it alone).
 hydra-submitit-launcher is not used: it blocks until every job ends and cannot start the
 multi-process JAX tasks this project needs (see marin/launch/slurm.py).
 """
@@ -33,9 +34,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from marin.cli import fail, setup_logging
 from marin.config.schema import Config
+from marin.config.store import name_options
 from marin.launch import slurm
-from marin.launch.multirun import Job, check_jobs, compose_problem, labels
-from marin.launch.plan import plan
+from marin.launch.multirun import Job, check_jobs, compose_problem, discard_sweep_file, labels
+from marin.launch.plan import plan, plan_row, row_header
 from marin.track import backend, record, secrets, sweep
 from marin.track.errors import first_line
 
@@ -46,7 +48,7 @@ def _task_config(sweep_config: DictConfig) -> DictConfig:
     task = OmegaConf.create(OmegaConf.to_container(sweep_config, resolve=False))
     with open_dict(task):
         del task["hydra"]
-    return OmegaConf.merge(_schema(), task)
+    return name_options(OmegaConf.merge(_schema(), task), sweep_config.hydra.runtime.choices)
 
 
 def _schema():
@@ -87,6 +89,14 @@ class MarinLauncher(Launcher):
         setup_globals()
         setup_logging()
         assert self.config is not None and self.hydra_context is not None
+        sweep_dir = self.config.hydra.sweep.dir
+        discard_sweep_file(sweep_dir)  # Hydra's copy of the command line, secrets included
+        try:
+            return self._launch(job_overrides, initial_job_idx)
+        finally:
+            discard_sweep_file(sweep_dir)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         jobs = self.compose(job_overrides, initial_job_idx)
         problems = check_jobs(jobs)
         if problems:  # one line each; nothing was started, written or submitted
@@ -104,6 +114,9 @@ class MarinLauncher(Launcher):
             for job in local:
                 if job.task.get("dry_run") == "json" and job.resolved is not None:
                     returns[job.idx] = self._json_plan(job)
+                    continue
+                if job.task.get("dry_run") is True and job.resolved is not None:  # one row per job
+                    returns[job.idx] = self._plan_row(job, f"{jobs.index(job) + 1}/{len(jobs)}", header=not returns)
                     continue
                 log.info("job %d/%d: %s", jobs.index(job) + 1, len(jobs), job.label)
                 returns[job.idx], code = self._run_here(job)
@@ -137,6 +150,14 @@ class MarinLauncher(Launcher):
             log.error("job %s failed", job.label, exc_info=(type(err), err, err.__traceback__))
             return ret, 1
         return ret, 0
+
+    def _plan_row(self, job: Job, number: str, header: bool) -> JobReturn:
+        if header:
+            print(row_header())
+        print(plan_row(plan(job.resolved), number, job.label), flush=True)
+        ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED)
+        ret.return_value = None
+        return ret
 
     def _json_plan(self, job: Job) -> JobReturn:
         print(json.dumps({"job": job.idx, "overrides": filter_overrides(job.overrides), **plan(job.resolved)},
@@ -193,7 +214,7 @@ class MarinLauncher(Launcher):
                 # as Hydra's run_job does: the record reads the job's Hydra config (multirun mode,
                 # job number) to attach the job to its sweep's MLflow parent run
                 HydraConfig.instance().set_config(job.sweep_config)
-                records.append(record.create(job.composed, job.resolved, job.overrides))
+                records.append(record.create(job.composed, job.resolved, job.record_overrides or job.overrides))
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nnothing was submitted")
 

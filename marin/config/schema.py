@@ -20,12 +20,14 @@ from marin.config.registry import ATTENTION, ROUTERS, SCHEDULES, TRANSPORTS
 __all__ = ["AUTO", "Config", "GROUPS"]
 
 DTYPES = ("float32", "bfloat16")
+# A group's `name` is the option Hydra chose (marin.config.store.name_options): missing until then.
+CHOSEN = "???"
 
 
 @dataclass
 class ModelConfig:
     """Transformer shapes and the MoE block (`conf/model/`, code in `marin/model/`)."""
-    name: str = setting("small", "the option's name")
+    name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
     d_model: int = setting(256, "hidden width d", range=count(1))
     num_layers: int = setting(4, "every layer is an MoE block", range=count(1))
     vocab_size: int = setting(512, "≥ the tokenizer's vocabulary", range=count(1))
@@ -66,7 +68,7 @@ class ModelConfig:
 @dataclass
 class AttentionConfig:
     """Grouped-query attention with local (sliding-window) and global layers (`conf/attention/`)."""
-    name: str = setting("mochi", "the option's name")
+    name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
     head_dim: int = setting(64, "per-head width h", range=count(1))
     num_heads: Any = setting(AUTO, "auto = d / head_dim", range=count(1))
     kv_heads_local: Any = setting(AUTO, "auto = max(1, heads // 4); the projection stores these", range=count(1))
@@ -98,7 +100,7 @@ class AttentionConfig:
 @dataclass
 class RouterConfig:
     """Token → expert routing (`conf/router/`, code in `marin/model/routers.py`)."""
-    name: str = setting("qb", "the option's name")
+    name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
     kind: str = setting("qb", "the routing rule (a class registered in marin/model/routers.py)", choices=ROUTERS.names)
     top_k: int = setting(2, "experts per token k", range=count(1))
     combine: str = setting("sigmoid", "how chosen experts' weights are formed", choices=("sigmoid", "softmax"))
@@ -137,7 +139,7 @@ class EvalSetConfig:
 @dataclass
 class DataConfig:
     """The mixture (`conf/data/`, code in `marin/data/`); list leaves are checked by marin.data.mixture."""
-    name: str = setting("builtin", "the option's name")
+    name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
     root: str = setting(".", "site-specific: where relative paths resolve")
     tokenizer: str = setting("byte", "byte | path to a tokenizer.json (relative: project root)")
     allow_vocab_mismatch: bool = setting(False, "let model.vocab_size exceed the tokenizer's ids rounded up to a "
@@ -173,7 +175,7 @@ class MeshConfig:
 @dataclass
 class HardwareConfig:
     """Where a run goes (`conf/hardware/`, code in `marin/launch/`)."""
-    name: str = setting("local_cpu", "the option's name")
+    name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
     launcher: str = setting("local", "local | slurm", choices=("local", "slurm"))
     platform: str = setting("cpu", "cpu | gpu", choices=("cpu", "gpu"))
     racks: int = setting(1, "number of identical racks/replicas of this hardware unit, data parallel across "
@@ -183,13 +185,21 @@ class HardwareConfig:
     gpus_per_node: int = setting(0, "GPUs per node", range=count(0))
     host_devices: int = setting(1, "forced XLA host devices per process (CPU only)", range=count(1))
     cpus_per_task: int = setting(1, "CPUs per process", range=count(1))
-    mem_gb: Optional[int] = setting(None, "None = no memory request", range=count(1))
+    mem_gb: Optional[int] = setting(None, "None = no memory request; 0 = all of each node's memory (--mem=0)",
+                                    range=count(0))
+    exclusive: bool = setting(False, "whole nodes (--exclusive): no other job shares them")
+    segment_nodes: Optional[int] = setting(
+        None, "nodes that must share one NVLink domain (a GB200 NVL72 replica: 16): Slurm's --segment on "
+        "topology/block (Slurm ≥ 24.05; older: one segment per job, --switches=1); None = anywhere", range=count(1))
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
     time_min: int = setting(60, "Slurm time limit, minutes", range=count(1))
     max_requeues: int = setting(3, "Slurm requeues after preemption / time limit, then stop", range=count(0))
+    max_restarts: int = setting(
+        0, "requeues of a Slurm job after a task dies (non-zero exit, kill -9, the hang watchdog), each resuming "
+        "from the newest checkpoint; then the run ends FAILED (the hero: 1,000)", range=count(0))
     signal_delay_s: int = setting(120, "Slurm sends USR2 this long before the time limit (checkpoint time)", range=count(0))
     init_timeout_s: int = setting(300, "jax.distributed.initialize waits this long for every process", range=count(1))
     env: Dict[str, str] = setting(help="exported to every process of the job", factory=dict)
@@ -224,7 +234,7 @@ class DecayRule:
 @dataclass
 class OptimConfig:
     """Optimizer (`conf/optim/`, code in `marin/optim/`)."""
-    name: str = setting("adamw", "the optimizer", choices=("adamw", "muonh"))
+    name: str = setting(CHOSEN, "the optimizer: the option chosen (optim=<name>)", choices=("adamw", "muonh"))
     lr: Any = setting(3e-3, "peak Adam lr: a number or auto (the spec's rule)", range=POSITIVE)
     muonh_lr_ratio: float = setting(13 / 3, "muonh_lr = ratio · adam lr (muonh and adamh groups)", range=POSITIVE)
     adam_lr_cap: float = setting(0.05, "cap of the auto rule", range=POSITIVE)
@@ -247,7 +257,7 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     """Learning-rate schedule (`conf/schedule/`, code registered in `marin/optim/schedule.py`), driven by train.steps."""
-    name: str = setting("warmup_linear", "the schedule", choices=SCHEDULES.names)
+    name: str = setting(CHOSEN, "the schedule: the option chosen (schedule=<name>)", choices=SCHEDULES.names)
     warmup_frac: float = setting(0.01, "fraction of steps warming up", range=FRACTION)
     final_ratio: float = setting(0.05, "lr at the last step, as a fraction of peak", range=FRACTION)
     horizon_steps: Optional[int] = setting(None, "failure plan: a shortened horizon (≤ train.steps)", range=count(1))
@@ -282,7 +292,11 @@ class TrainConfig:
                               range=count(0))
     eval_batches: int = setting(2, "batches per evaluation set", range=count(1))
     log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
-    init_from: Optional[str] = setting(None, "start from another run's checkpoint (context extension)")
+    init_from: Optional[str] = setting(None, "start from another run's checkpoint (<run>[@<step>])")
+    init_from_mode: str = setting(
+        "weights", "weights: its parameters and router state, then train.steps new steps from step 0 (fresh "
+        "optimizer and schedule); continue: its whole state and step counter (a context-extension stage)",
+        choices=("weights", "continue"))
     init_seq_len: Optional[int] = setting(None, "sequence length of that run (qk_mult is rescaled)", range=count(1))
     earlier_seq_lens: List[int] = setting(help="lengths of the stages before that run, oldest first", factory=list)
     stage_start: Optional[float] = setting(
@@ -290,6 +304,9 @@ class TrainConfig:
         range=real(0.0, 1.0, hi_open=True))
     stage_end: float = setting(1.0, "where it ends (the next stage starts there); sets stop_after when < 1",
                                range=real(0.0, 1.0, lo_open=True))
+    watchdog_minutes: Optional[float] = setting(
+        None, "end the job (exit 124, Python stacks in each process's log) when no step completes for this long; "
+        "the first step, evals and checkpoints get 4x, at least 10 min; None = off", range=POSITIVE)
     checkpoint: CheckpointConfig = setting(factory=CheckpointConfig)
 
 
@@ -297,6 +314,8 @@ class TrainConfig:
 class TrackingConfig:
     uri: Optional[str] = setting(None, "else $MLFLOW_TRACKING_URI, else sqlite under run.out_dir")
     experiment: Optional[str] = setting(None, "MLflow experiment; default: the experiment name or \"default\"")
+    system_metrics: bool = setting(True, "log the machine's CPU, memory, disk, network (GPU with nvidia-ml-py) "
+                                   "as system/… every 10 s (MLflow's monitor, in the tracking process); false: off")
 
 
 @dataclass
@@ -327,7 +346,16 @@ class PlanConfig:
 @dataclass
 class ForecastConfig:
     """A pre-registered loss forecast this run is checked against (`marin/track/forecast_check.py`)."""
-    registered: Optional[str] = setting(None, "conf/forecasts/<experiment>.yaml from `marin.forecast --register`")
+    registered: Optional[str] = setting(None, "outputs/forecasts/<experiment>.yaml from `marin.forecast --register` "
+                                        "(or its committed copy in conf/forecasts/)")
+
+
+@dataclass
+class DebugConfig:
+    """Fault injection for tests of the hang watchdog (`marin/train/watchdog.py`)."""
+    hang_at_step: Optional[int] = setting(None, "one process stops before step N, once per run (a hung collective)",
+                                          range=count(1))
+    hang_process: int = setting(0, "the process that hangs (jax.process_index)", range=count(0))
 
 
 SCHEMA_VERSION = 1
@@ -349,14 +377,19 @@ class Config:
     eval: EvalConfig = setting(factory=EvalConfig)
     plan: PlanConfig = setting(factory=PlanConfig)
     forecast: ForecastConfig = setting(factory=ForecastConfig)
-    dry_run: Any = setting(False, "false | true | json | compile | config")
-    reproduce: Optional[str] = setting(None, "run directory or MLflow run id")
+    debug: DebugConfig = setting(factory=DebugConfig)
+    dry_run: Any = setting(False, "false | true | json | compile | compile_json | config")
+    reproduce: Optional[str] = setting(None, "a run: its directory, name or MLflow run id, a unique prefix of "
+                                       "one, or <sweep>/<job> (docs/runs.md)")
     reproduce_trust: bool = setting(False, "apply a saved config's hardware.env/xla_flags/setup even where they "
                                     "differ from the shipped option")
     verify: bool = setting(False, "with reproduce=: replay the run and compare every logged metric with its record")
     verify_steps: Optional[str] = setting(None, "a:b: replay only steps a…b, from the original's newest checkpoint ≤ a")
     verify_rtol: float = setting(0.0, "relative tolerance of the comparison (0 = bit for bit)", range=NON_NEGATIVE)
-    resume: Optional[str] = setting(None, "run directory or MLflow run id")
+    resume: Optional[str] = setting(None, "a run: its directory, name or MLflow run id, a unique prefix of "
+                                    "one, or <sweep>/<job> (docs/runs.md)")
+    fork: Optional[str] = setting(None, "<run directory or MLflow run id>@<step>: a new run from that checkpoint "
+                                  "(marin/launch/fork.py)")
     wait: bool = setting(False, "Slurm: follow the job and exit with its result")
     schema_version: int = setting(SCHEMA_VERSION, "bumped when a field is renamed",
                                   range=count(SCHEMA_VERSION, SCHEMA_VERSION))

@@ -6,35 +6,56 @@ unknown keys and wrong types fail at compose time, also for option files found t
 ``--config-dir``. The group schemas are not stored as group options: an option named ``schema``
 would show in ``--help``, tab completion and ``glob(*)`` and compose as the defaults. The files in
 ``sweeps/`` are stored as the ``sweep`` group (package ``_global_``), which is how
-``sweep=<name>`` finds them. The resolver
-``marin.private_tmp`` gives Hydra's sweep folder a parent that only its owner can read.
+``sweep=<name>`` finds them; ``sweep/`` and ``experiment/`` files in a user's folder
+(``--config-dir``, the site folder) get the same package from ``hydra_plugins/marin_groups``. The
+resolver ``marin.private_tmp`` gives Hydra's sweep folder a parent that only its owner can read.
+
+An option file does not repeat its own name: ``conf/config.yaml`` leaves each group's ``name``
+missing and `name_options` fills it with the option Hydra chose (an experiment may set its own, as
+the ladder names its models). `compose` composes as ``launch.py`` does, names included.
 """
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
-from marin.config.schema import Config
+from marin.config.schema import GROUPS, Config
 
 _registered = False
 
 
 def private_tmp() -> str:
     """$TMPDIR/marin-hydra-<uid>, made (or fixed to) mode 0700: Hydra's multirun.yaml there holds
-    the command line, secrets included, and $TMPDIR is often shared."""
+    the command line, and $TMPDIR is often shared (the launcher removes that file at once:
+    marin.launch.multirun.discard_sweep_file). Anything else at that path (a symlink someone
+    planted, another user's folder, a file) stops the command with one line, exit 2: this runs
+    as a Hydra resolver, where an exception would become a page of traceback."""
     folder = Path(os.environ.get("TMPDIR") or "/tmp") / f"marin-hydra-{os.getuid()}"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = folder.lstat()
-    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
-        raise PermissionError(f"{folder} is not a folder of this user; remove it or set TMPDIR")
+    try:
+        if not os.path.lexists(folder):
+            folder.mkdir(mode=0o700, parents=True)
+        info = folder.lstat()
+    except OSError as err:
+        _refuse(f"cannot make {folder} ({err.strerror}); set TMPDIR to a folder of yours")
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a folder of this user"
+        _refuse(f"{folder} is {what}; remove it, or set TMPDIR to a folder of yours")
     if stat.S_IMODE(info.st_mode) != 0o700:
         folder.chmod(0o700)
     return str(folder)
+
+
+def _refuse(why: str) -> NoReturn:
+    # marin.cli.fail's format; SystemExit passes through OmegaConf's and Hydra's error handling
+    print(f"error: hydra.sweep.dir: {why}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def register() -> None:
@@ -54,3 +75,35 @@ def options(group: str) -> list[str]:
     """The selectable options of a group (its YAML files)."""
     folder = SWEEPS_DIR if group == "sweep" else CONF_DIR / group
     return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def name_options(cfg: DictConfig, choices) -> DictConfig:
+    """`cfg` with each group's missing `name` set to the option chosen for it (`choices`: Hydra's
+    ``hydra.runtime.choices``, group -> option)."""
+    for group in GROUPS:
+        node = cfg.get(group)
+        if isinstance(node, DictConfig) and OmegaConf.is_missing(node, "name") and choices.get(group):
+            node.name = choices[group]
+    return cfg
+
+
+def compose(overrides) -> DictConfig:
+    """The config of these command-line overrides, composed as ``launch.py`` composes it, in or
+    outside a running Hydra app."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+
+    def composed() -> DictConfig:
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return name_options(cfg, choices)
+
+    if GlobalHydra.instance().is_initialized():  # inside launch.py's @hydra.main: its search path
+        return composed()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return composed()

@@ -10,12 +10,13 @@ Pure Python: no JAX.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from marin.config import derive, fields
-from marin.config.schema import Config
+from marin.config.schema import GROUPS, Config
 
 Check = Callable[[Config], "list[tuple[str, str]]"]
 
@@ -56,16 +57,35 @@ def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str]]:
     return problems
 
 
+COMPILE_DRY_RUNS = ("compile", "compile_json")  # the real steps compiled: a table, or one JSON object
+
+
+# A run name ends up in folder names, Slurm job names and printed shell commands: letters, digits
+# and . _ - + = only, starting with a letter or digit (so no hidden folder, no option-like name,
+# nothing a shell would expand).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+
+
+def missing_keys(cfg: DictConfig) -> list[tuple[str, str]]:
+    """Mandatory values left unset (``???``): a group's `name` when no option was chosen (``~model``)."""
+    problems = []
+    for key in sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra.")):
+        group, _, leaf = key.partition(".")
+        if leaf == "name" and group in GROUPS:
+            problems.append((key, f"no {group} option chosen: give {group}=<option> (conf/{group}/*.yaml)"))
+        else:
+            problems.append((key, "has no value: give one"))
+    return problems
+
+
 def check_run_name(name) -> list[tuple[str, str]]:
-    """run.name names a folder directly inside run.out_dir/runs: no path separator, no `..`, not
-    absolute, no control characters (so `../../x` or `${oc.env:HOME}` cannot escape out_dir)."""
+    """run.name names a folder directly inside run.out_dir/runs: a safe set of characters only
+    (`../../x`, `${oc.env:HOME}`, `q$(touch x)` or `.` are refused)."""
     text = str(name)
-    bad = ("/" in text or "\\" in text or ".." in text or not text.strip() or len(text) > 120
-           or any(ord(c) < 32 or ord(c) == 127 for c in text))
-    if not bad:
+    if RUN_NAME.fullmatch(text):
         return []
-    return [("run.name", "must be a plain folder name (no '/', '\\', '..' or control characters, "
-             f"not empty, at most 120 characters); got {text!r}")]
+    return [("run.name", "must be a plain folder name: 1–120 letters, digits or . _ - + =, starting with a "
+             f"letter or digit; got {text!r}")]
 
 
 def check_leaves(cfg: Config) -> list[tuple[str, str]]:
@@ -73,11 +93,11 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     problems = check_run_name(cfg.run.name)
     problems += fields.problems(cfg)  # every leaf against its field's choices or range (finite, int32)
     problems += _empty_refs(cfg)
-    if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, "compile"):
+    if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, *COMPILE_DRY_RUNS):
         problems.append(("model.ep_transport", "ragged needs a GPU (XLA:CPU cannot compile or run "
                          "ragged_all_to_all): use fixed or pooled on CPU, or dry_run=true to plan"))
-    if cfg.dry_run not in (False, True, "json", "compile", "config"):
-        problems.append(("dry_run", f"must be false, true, json, compile or config; got {cfg.dry_run!r}"))
+    if cfg.dry_run not in (False, True, "json", *COMPILE_DRY_RUNS, "config"):
+        problems.append(("dry_run", f"must be false, true, json, compile, compile_json or config; got {cfg.dry_run!r}"))
     if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
         problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
                          f"false = none); got {cfg.model.remat!r}"))
@@ -191,7 +211,7 @@ def load(cfg: DictConfig | Config, checks: Iterable[Check] = ()) -> tuple[Config
     `checks`: functions of the resolved config returning ``(field, message)`` problems, run after
     the config's own rules. They live in the layers above (data files, checkpoints, forecasts):
     marin.launch.checks.load passes them all."""
-    if isinstance(cfg, DictConfig) and (problems := unknown_keys(cfg)):
+    if isinstance(cfg, DictConfig) and (problems := unknown_keys(cfg) or missing_keys(cfg)):
         raise ConfigError(problems)
     composed = to_config(cfg) if isinstance(cfg, DictConfig) else cfg
     problems = check_leaves(composed)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from marin.config.paths import CONF_DIR
-from marin.config.store import register
+from marin.config.store import name_options, register
 from marin.config.validate import ConfigError, load
 from marin.data import builtin, mixture
 from marin.data.documents import Counts, UnreadableSource, documents, eval_subsets
@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg) -> None:
-        status["code"] = run(cfg)
+        from hydra.core.hydra_config import HydraConfig
+
+        status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices))
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
         argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "

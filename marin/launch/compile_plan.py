@@ -1,4 +1,9 @@
-"""`dry_run=compile`: the plan of `dry_run=json` plus what XLA says about the real steps.
+"""`dry_run=compile`: the plan plus what XLA says about the real steps.
+
+Output: progress lines on stderr while it compiles (`compile: ...`), then on stdout the verdict
+first (`fits: yes|NO|unknown` with each step's compiled peak against the limit), the dry run's
+table and a compiled-memory block (`format_compiled`). `dry_run=compile_json` prints the same as
+one JSON object instead: the plan of `dry_run=json` plus the keys below.
 
 The very train and eval steps a run executes (`marin.train.step.jit_steps`: same state layout,
 mesh axes, micro-batches) are lowered and compiled ahead of time for ONE replica (a rack: the
@@ -199,18 +204,27 @@ def collectives(hlo: str) -> dict[str, dict]:
     return {k: {"count": int(c), "gib": round(b / GIB, 4)} for k, (c, b) in counts.items()}
 
 
-def step_report(lowered_fn, *args, carry_shape: str | None = None, staging: float = 0.0) -> dict:
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout keeps the result), at once: a compile takes minutes."""
+    print(f"compile: {line}", file=sys.stderr, flush=True)
+
+
+def step_report(lowered_fn, *args, carry_shape: str | None = None, staging: float = 0.0,
+                name: str = "step") -> dict:
     """Compile one jitted step on abstract inputs; its memory and collectives.
 
     With the optimizer state offloaded, the update reads it on the device: XLA:CPU computes on
     host buffers in place, XLA:GPU copies each leaf in and out. `staging` (bytes, see
     `staged_bytes`: the largest host leaf the step copies in whole; `offload_staging_gib`) is
     added to the device peak: the least any schedule stages."""
+    progress(f"lowering the {name}")
     t0 = time.perf_counter()
     lowered = lowered_fn.lower(*args)
     t1 = time.perf_counter()
+    progress(f"compiling the {name} (lowered in {t1 - t0:.1f} s)")
     compiled = lowered.compile()
     t2 = time.perf_counter()
+    progress(f"{name} compiled in {t2 - t1:.1f} s")
     ma = compiled.memory_analysis()
     hlo = compiled.as_text()
     host = host_bytes(hlo, carry_shape)
@@ -300,8 +314,9 @@ def compile_steps(cfg) -> dict:
         carry = f"{dtype}[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
     staging = staged_bytes(abstract, shardings) if r.optim.offload else 0.0
     try:
-        out = {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging),
-               "eval_step": step_report(eval_step, state, batch)}
+        out = {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging,
+                                         name="train step"),
+               "eval_step": step_report(eval_step, state, batch, name="eval step")}
     finally:
         if stand_in is not None:
             stand_in.pop("_restore")()
@@ -357,6 +372,7 @@ def compile_plan(cfg) -> dict:
                    "remat": derive.remat_mode(cfg.model.remat), "offload_carry": cfg.model.offload_carry,
                    "attention_impl": r.attention.impl},
     }
+    out["estimate_fits"] = out["fits"]  # the plan's verdict from the estimate; `fits` is now the compiled one
     out["memory_limit_gib"], out["fits"] = fits(steps, derive.memory_limit_gib(cfg.hardware))
     host_limit = host_limit_gib(cfg.hardware)
     out["host_memory_limit_gib"] = "unknown" if host_limit is None else round(host_limit, 3)
@@ -375,9 +391,47 @@ def fits(steps: dict, limit: float | None) -> tuple:
     return round(limit, 3), all(s["peak_gib"] <= limit for s in steps.values())
 
 
-def run(cfg) -> None:
-    """The `dry_run=compile` entry: force the replica's devices, compile, print one JSON object.
-    A config this machine cannot compile prints one line and exits with status 2."""
+def verdict(result: dict) -> str:
+    """The first line: whether one replica's compiled steps fit, with the figures behind it."""
+    steps = result["compiled"]
+    peaks = ", ".join(f"{name.replace('_', ' ')} {steps[name]['peak_gib']:.4g} GiB" for name in ("train_step", "eval_step"))
+    word = {True: "yes", False: "NO", None: "unknown"}[result["fits"]]
+    limit = result["memory_limit_gib"]
+    limit = f"limit {limit:.1f} GiB" if isinstance(limit, (int, float)) else "no memory figure for this hardware"
+    host = max(steps[name]["host_gib"] for name in ("train_step", "eval_step"))
+    host_limit = result.get("host_memory_limit_gib")
+    host_text = f"; pinned host {host:.4g} GiB" + (f" of {host_limit:.1f}" if isinstance(host_limit, (int, float)) else "") \
+        if host else ""
+    return f"fits: {word} (compiled peak per device: {peaks}; {limit}{host_text})"
+
+
+def format_compiled(result: dict) -> str:
+    """The human form of `compile_plan`: the verdict, the dry run's table, the compiled steps."""
+    from marin.launch.plan import format_plan
+
+    steps, replica = result["compiled"], result["compiled"]["replica"]
+    table = format_plan({**result, "fits": result.get("estimate_fits", result["fits"])})
+    head = f"  {'step':<10}{'peak':>9}{'argument':>10}{'output':>9}{'alias':>9}{'temp':>9}{'host':>9}{'staging':>9}{'compile':>9}"
+    rows = [f"  {name.replace('_step', ''):<10}{s['peak_gib']:>9.4g}{s['argument_gib']:>10.4g}{s['output_gib']:>9.4g}"
+            f"{s['alias_gib']:>9.4g}{s['temp_gib']:>9.4g}{s['host_gib']:>9.4g}{s['offload_staging_gib']:>9.4g}"
+            f"{s['compile_s']:>8.1f}s" for name, s in steps.items() if name.endswith("_step")]
+    moved = ", ".join(f"{kind} {c['count']}× {c['gib']:.4g} GiB" for kind, c in steps["train_step"]["collectives"].items()
+                      if c["count"])
+    mesh = " × ".join(f"{k} {v}" for k, v in replica["mesh"].items())
+    lines = [verdict(result), "", table, "",
+             f"compiled (XLA, one replica: {replica['devices']} {replica['backend']}, {mesh}, "
+             f"global batch {replica['global_batch']:,}; GiB per device)", head, *rows,
+             f"  collectives per train step: {moved or 'none'}"]
+    if "stand_in" in steps["train_step"]:
+        lines.append("  (ragged transport: the train step's figures are a same-buffers stand-in's)")
+    lines.append("(dry_run=compile_json prints all of this as one JSON object)")
+    return "\n".join(lines)
+
+
+def run(cfg, as_json: bool = False) -> None:
+    """The `dry_run=compile` entry: force the replica's devices, compile, print the verdict and
+    tables (`as_json`: one JSON object). A config this machine cannot compile prints one line and
+    exits with status 2."""
     devices = replica_devices(cfg)
     if "jax" in sys.modules:
         import jax
@@ -388,8 +442,10 @@ def run(cfg) -> None:
                  "(run it in a fresh process)")
     else:
         force_host_devices(devices)
+    progress(f"one replica of {cfg.hardware.name} on {devices} forced CPU devices; nothing is allocated "
+             "(the hero takes about a minute on 2 cores)")
     try:
         result = compile_plan(cfg)
     except CompilePlanError as err:
         fail(str(err))
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if as_json else format_compiled(result))

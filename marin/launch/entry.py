@@ -15,10 +15,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from marin.cli import config_errors, fail, setup_logging
+from marin.config.store import name_options
 from marin.config.validate import ConfigError
 from marin.launch.checks import load
 from marin.launch.compile_plan import run as compile_run
 from marin.launch.distributed import apply_environment
+from marin.launch.fork import fork
+from marin.launch.memory import over_machine_memory
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, recompose
 from marin.launch.resume import resume
@@ -52,6 +55,8 @@ def dispatch(cfg: DictConfig) -> None:
 def _guarded(cfg: DictConfig) -> None:
     setup_logging()
     job_overrides = overrides()
+    if HydraConfig.initialized():  # under @hydra.main (tests compose with marin.config.store.compose)
+        name_options(cfg, HydraConfig.get().runtime.choices)
     secrets.scan_overrides(job_overrides)
     try:
         _dispatch(cfg, job_overrides)
@@ -66,6 +71,9 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
     if cfg.get("resume"):  # continue a run: its own config, dir and MLflow run (marin/launch/resume.py)
         resume(job_overrides, dry_run=cfg.get("dry_run"), wait=bool(cfg.get("wait")), ref=str(cfg.resume))
         return
+    if cfg.get("fork"):  # a new run from another run's checkpoint, with its lineage (marin/launch/fork.py)
+        fork(cfg, job_overrides)
+        return
     try:
         if cfg.get("reproduce"):  # the saved run's config, with this command line's overrides on top
             try:
@@ -76,8 +84,8 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
             composed, resolved = load(cfg)
     except ConfigError as err:
         fail(config_errors(err))
-    if resolved.dry_run == "compile":  # compile the real steps for one replica (marin/launch/compile_plan.py)
-        compile_run(resolved)
+    if resolved.dry_run in ("compile", "compile_json"):  # compile one replica's real steps (marin/launch/compile_plan.py)
+        compile_run(resolved, as_json=resolved.dry_run == "compile_json")
         return
     if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
         print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
@@ -86,9 +94,16 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         print_plan(resolved, as_json=resolved.dry_run == "json")
         return
     if resolved.hardware.launcher == "slurm":
+        if resolved.train.init_from:  # as run_local does: a checkpoint the model cannot take, before submitting
+            from marin.train.init_from import structure_problem  # JAX
+
+            if (problem := structure_problem(resolved)) is not None:
+                fail(problem)
         submit(composed, resolved, job_overrides)
         return
     from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
+    if (warning := over_machine_memory(resolved)) is not None:  # a CPU run bigger than this machine: say so first
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     apply_environment(resolved.hardware)  # XLA_FLAGS etc. before JAX starts (local_cpu8's 8 devices)
     run_local(composed, resolved, job_overrides)

@@ -16,7 +16,10 @@ from marin.track.errors import first_line
 def run_local(composed, resolved, overrides) -> record.RunRecord:
     """Make the run directory, then train in this process; returns the run's record. The
     tracking process (marin.track.worker) makes the MLflow run while JAX starts; a run that cannot
-    be made stops before its first step with one line (exit 2), its directory removed."""
+    be made stops before its first step with one line (exit 2), its directory removed. Before
+    anything is written: the output folder, the tracking store, a `train.init_from` checkpoint
+    the model cannot take, the data, host memory. The run's last line on stdout sums it up
+    (marin.train.ending)."""
     tracking = worker.Worker.get()  # first: MLflow's import runs in its own process while this one imports JAX
     from marin.data.loader import Loader  # JAX (these four): imported after the worker started
     from marin.train.components import NonFiniteLoss
@@ -31,6 +34,11 @@ def run_local(composed, resolved, overrides) -> record.RunRecord:
             backend.check_reachable(uri)
         except backend.TrackingUnavailable as err:
             fail(f"tracking.uri: {err}")
+    if resolved.train.init_from:  # a checkpoint this model cannot take: refused before the run exists
+        from marin.train.init_from import structure_problem  # JAX
+
+        if (problem := structure_problem(resolved)) is not None:
+            fail(problem)
     try:  # read (and cache) the data before the run exists: a bad source leaves nothing behind
         loader = Loader(resolved)
     except (UnreadableSource, ValueError, OSError) as err:

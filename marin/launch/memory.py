@@ -3,6 +3,8 @@ dry run prints (marin/launch/plan.py) and what a Slurm submission refuses (marin
 Pure Python, no JAX."""
 from __future__ import annotations
 
+import os
+
 from marin.config import derive
 from marin.config.schema import Config
 from marin.model import accounting
@@ -58,3 +60,30 @@ def over_memory(cfg: Config) -> str | None:
                 f"hardware.host_memory_per_device_gib); offload less (optim.offload, model.offload_carry) or set "
                 f"plan.allow_over_memory=true")
     return None
+
+
+def machine_memory_gib() -> float | None:
+    """This machine's physical memory in GiB; None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def over_machine_memory(cfg: Config, machine_gib: float | None = None) -> str | None:
+    """A run on this machine's CPU: every device is this machine's memory. One line when the
+    estimate (each device's peak plus its pinned host bytes, times the devices) exceeds the
+    machine's memory (it would swap, or be killed part-way); None otherwise, or for other runs."""
+    hw = cfg.hardware
+    if hw.launcher != "local" or hw.platform != "cpu":
+        return None
+    machine = machine_memory_gib() if machine_gib is None else machine_gib
+    if machine is None:
+        return None
+    devices = derive.device_count(hw)
+    per_device = device_peak(cfg) + accounting.memory_per_device(cfg)["host"]
+    if devices * per_device <= machine:
+        return None
+    return (f"memory: the estimate for this CPU run is {devices * per_device:.1f} GiB ({devices} device(s) × "
+            f"{per_device:.1f} GiB), over this machine's {machine:.1f} GiB: it would swap or be killed part-way; "
+            "lower train.micro_batch, train.global_batch or train.seq_len, or choose a smaller model")

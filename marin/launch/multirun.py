@@ -7,14 +7,18 @@ them without Hydra's machinery. No JAX.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig
 
 from marin.config.validate import ConfigError
 from marin.launch.checks import load
 from marin.launch.distributed import check_gpu_install
+from marin.launch.fork import ForkError
+from marin.launch.fork import compose as compose_fork
 from marin.launch.slurm import memory_problem
 from marin.track.errors import first_line
 
@@ -29,6 +33,7 @@ class Job:
     resolved: Any = None
     label: str = ""
     problems: list[str] = field(default_factory=list)
+    record_overrides: Optional[list[str]] = None  # a fork's: the parent's, then the job's (marin/launch/fork.py)
 
     @property
     def trains(self) -> bool:
@@ -59,6 +64,16 @@ def check_jobs(jobs: list[Job]) -> list[str]:
             continue
         if job.task.get("resume") or job.task.get("reproduce"):
             continue  # checked against the saved run when the job runs
+        if job.task.get("fork"):  # the parent's config with the job's overrides (a paired A/B's arms)
+            try:
+                made = _as_the_job(job, lambda: compose_fork(str(job.task.fork), filter_overrides(job.overrides)))
+            except ForkError as err:
+                lines.append(f"{where}: {err}")
+                continue
+            job.composed, job.resolved, job.record_overrides = made.composed, made.resolved, made.overrides
+            if job.slurm and (problem := memory_problem(job.resolved)) is not None:
+                lines.append(f"{where}: {problem}")
+            continue
         try:
             job.composed, job.resolved = load(job.task)
         except ConfigError as err:
@@ -72,6 +87,37 @@ def check_jobs(jobs: list[Job]) -> list[str]:
         if job.slurm and (problem := memory_problem(job.resolved)) is not None:
             lines.append(f"{where}: {problem}")
     return lines
+
+
+def _as_the_job(job: Job, fn):
+    """`fn()` with HydraConfig set to the job's (its config search path: an A/B's `ab` group)."""
+    if job.sweep_config is None:
+        return fn()
+    before = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(job.sweep_config)
+    try:
+        return fn()
+    finally:
+        HydraConfig.instance().cfg = before
+
+
+SWEEP_FILE = "multirun.yaml"
+
+
+def discard_sweep_file(sweep_dir) -> None:
+    """Remove Hydra's ``multirun.yaml`` (the whole command line, secret overrides included, mode
+    0644) from the sweep folder, and the folder once empty: marin writes each sweep's record
+    itself, masked (marin.track.sweep), so nothing reads that file. Called when the launcher
+    starts, before any job runs, and again when it ends (Hydra makes the folder again for each
+    job)."""
+    if not sweep_dir:
+        return
+    folder = Path(str(sweep_dir))
+    (folder / SWEEP_FILE).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a job's files), or already gone
+        pass
 
 
 def compose_problem(err: BaseException) -> str:

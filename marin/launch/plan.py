@@ -14,7 +14,7 @@ import sys
 from marin.config import derive
 from marin.config.schema import Config
 from marin.data import mixture
-from marin.launch.memory import device_peak, fits, over_memory
+from marin.launch.memory import device_peak, fits, over_machine_memory, over_memory
 from marin.launch.slurm import describe, slurm_parameters
 from marin.model import accounting
 from marin.optim.decay import describe as decay_lines
@@ -85,7 +85,7 @@ def plan(cfg: Config) -> dict:
         "fits": fits(cfg, device_peak(cfg)),
     }
     if t.init_from is not None or t.init_seq_len is not None:
-        out["init"] = {"from": t.init_from, "seq_lens": derive.stage_seq_lens(cfg),
+        out["init"] = {"from": t.init_from, "mode": t.init_from_mode, "seq_lens": derive.stage_seq_lens(cfg),
                        "first_step": first, "last_step": last}
     if hw.peak_flops_per_device > 0:
         out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
@@ -173,7 +173,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     ]
     if "init" in p:
         sections.append(("context extension", [
-            ("init from", str(p["init"]["from"])),
+            ("init from", f"{p['init']['from']} ({p['init'].get('mode', 'continue')} mode)"),
             ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
             ("stage steps", f"{p['init']['first_step']:,} → {p['init']['last_step']:,} of the run's "
                             f"{p['run_steps']:,} (steps, tokens and FLOPs above are the stage's)"),
@@ -215,10 +215,37 @@ def print_plan(cfg: Config, as_json: bool = False) -> None:
         print(json.dumps(p, indent=2))
         return
     print(format_plan(p))
-    if (warning := over_memory(cfg)) is not None:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    for warning in (over_memory(cfg), over_machine_memory(cfg)):
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     if "submission" in p:
         print(describe(cfg))
+
+
+# --- A multirun dry run: one row per job ---
+
+ROW = "{job:>5}  {shape:>9}  {active:>9}  {steps:>9}  {tokens:>9}  {flops:>10}  {lr:>10}  {memory:>18}  {overrides}"
+
+
+def row_header() -> str:
+    return ROW.format(job="job", shape="d × L", active="active", steps="steps", tokens="tokens", flops="train FLOPs",
+                      lr="lr", memory="memory / device", overrides="overrides")
+
+
+def plan_row(p: dict, job: str, overrides: str) -> str:
+    """One line of a multirun dry run (`launch.py -m ... dry_run=true`): what differs between jobs."""
+    m = p["model"]
+    memory = f"{p['memory_per_device_gib']:.3g} GiB" + {True: "", False: " OVER", None: ""}[p["fits"]]
+    return ROW.format(job=job, shape=f"{m['d_model']} × {m['num_layers']}", active=_short(p["active_params"]),
+                      steps=f"{p['steps']:,}", tokens=_short(p["tokens"]), flops=f"{p['train_flops']:.3e}",
+                      lr=f"{max(p['lr'].values()):.3g}", memory=memory, overrides=overrides or "–")
+
+
+def _short(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:,}"
 
 
 def _transport(m: dict) -> str:

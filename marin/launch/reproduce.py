@@ -10,7 +10,9 @@ it is instantiated, a ``_target_`` outside marin/optax/flax is refused, and so i
 interpolation (``${oc.env:…}`` would read this machine's environment into the run). What the
 saved config would run on this machine — `hardware.env`, `hardware.xla_flags`, `hardware.setup`
 (shell lines of the batch script) — is applied only where it equals the shipped
-conf/hardware/<name>.yaml, or with `reproduce_trust=true`.
+conf/hardware/<name>.yaml, or with `reproduce_trust=true`. A config folder the run was composed
+with (`--config-dir`) that is gone is one warning line: the saved config is the base as it is, and
+the saved choices of options from that folder (`experiment=mine`) are not composed again.
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from marin.config.paths import CONF_DIR
+from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import register
+from marin.config.store import compose
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
@@ -32,7 +34,7 @@ log = logging.getLogger("marin.launch")
 
 SITE = ("tracking.uri", "data.root", "data.cache_dir", "run.out_dir")
 # Never inherited (reproduce_trust: a saved config cannot trust itself).
-CONTROL = ("reproduce", "resume", "dry_run", "wait", "reproduce_trust", "verify", "verify_steps", "verify_rtol")
+CONTROL = ("reproduce", "resume", "fork", "dry_run", "wait", "reproduce_trust", "verify", "verify_steps", "verify_rtol")
 # What a saved config runs on this machine: applied only as shipped, or with reproduce_trust=true.
 UNTRUSTED = ("hardware.env", "hardware.xla_flags", "hardware.setup")
 NOT_INHERITED = ("run.sweep", "run.sweep_id")  # a reproduction is a run of its own, not a sweep job
@@ -102,7 +104,9 @@ def _check_schema(saved: dict) -> None:
                 or any(k.startswith(key + ".") for k in keys))
 
     removed = sorted(k for k in have if not known(k, want))
-    added = sorted(k for k in want if not known(k, have) and k not in CONTROL)  # a new control key is no change
+    # a new control key is no change, nor a new tracking setting (what is logged, not what is
+    # trained: the saved run gets its default, as tracking.system_metrics did)
+    added = sorted(k for k in want if not known(k, have) and k not in CONTROL and not k.startswith("tracking."))
     version, expected = saved.get("schema_version"), current["schema_version"]
     if version == expected and not removed and not added:
         return
@@ -112,32 +116,38 @@ def _check_schema(saved: dict) -> None:
                          + (f"; fields that differ: {fields}" if fields else ""))
 
 
-def search_path_override(saved: list[str]) -> list[str]:
-    """`hydra.searchpath=[...]` for the folders the saved run was composed with (`--config-dir`,
-    `hydra.searchpath`, kept in record.json) and this job's own; [] when there are none. A saved
-    folder that is gone is a ReproduceError naming it (Hydra would only say an option is missing)."""
-    urls = list(saved)
+def search_path_override(saved: list[str]) -> tuple[list[str], list[str]]:
+    """(`hydra.searchpath=[...]` for the folders the saved run was composed with (`--config-dir`,
+    `hydra.searchpath`, kept in record.json) that are still here and this job's own, or [] when
+    there are none; the saved folders that are gone)."""
+    gone = [url[len("file://"):] for url in saved if url.startswith("file://") and not Path(url[len("file://"):]).is_dir()]
+    urls = [url for url in saved if url[len("file://"):] not in gone]
     for url in record.config_search_path():  # this command line's --config-dir / hydra.searchpath
         if url not in urls:
             urls.append(url)
-    for url in saved:
-        if url.startswith("file://") and not Path(url[len("file://"):]).is_dir():
-            raise ReproduceError(f"the run was composed with config folder {url[len('file://'):]} (--config-dir or "
-                                 "hydra.searchpath), which does not exist here; restore it to reproduce or resume the run")
-    return [f"hydra.searchpath=[{','.join(urls)}]"] if urls else []
+    return ([f"hydra.searchpath=[{','.join(urls)}]"] if urls else []), gone
+
+
+def _folders(search: list[str]) -> list[Path]:
+    """The config folders options are found in now: conf/, sweeps/ and the search path's."""
+    urls = search[0][len("hydra.searchpath=["):-1].split(",") if search else []
+    return [CONF_DIR, *(Path(u[len("file://"):]) for u in urls if u.startswith("file://"))]
+
+
+def _found_here(override: str, folders: list[Path]) -> bool:
+    """False for a group choice (`experiment=mine`) whose option file none of `folders` holds."""
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    leaves = [k for k, v in OmegaConf.to_container(OmegaConf.structured(Config)).items() if not isinstance(v, dict)]
+    if "." in key or "/" in key or not value or key in leaves:
+        return True  # a leaf (train.seed=7), a Hydra group or a removal: not an option of a config folder
+    if key == "sweep" and (SWEEPS_DIR / f"{value}.yaml").is_file():
+        return True
+    return any((folder / key / f"{value}.yaml").is_file() for folder in folders)
 
 
 def _compose(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register()
-    if GlobalHydra.instance().is_initialized():  # inside launch.py's @hydra.main
-        cfg = compose("config", overrides=overrides)
-    else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_container(compose(overrides), resolve=True)
 
 
 def _unflatten(flat: dict) -> dict:
@@ -166,12 +176,12 @@ def out_dir(new_overrides: list[str]) -> Path | None:
     return None
 
 
-def _warn_provenance(info: dict) -> None:
+def _warn_provenance(info: dict, verb: str) -> None:
     git, _ = record.git_state()
     was = (info.get("git") or {}).get("commit")
     if was and git["commit"] != was:
-        log.warning("reproducing a run made at git commit %s from commit %s", was[:12], (git["commit"] or "?")[:12])
-    if (info.get("git") or {}).get("dirty"):
+        log.warning("%s a run made at git commit %s from commit %s", verb, was[:12], (git["commit"] or "?")[:12])
+    if verb == "reproducing" and (info.get("git") or {}).get("dirty"):  # a resume goes on with the code it has
         log.warning("the original run had uncommitted changes (see git.diff in its run directory)")
     now = record.package_versions()
     saved = info.get("packages") or {}
@@ -183,11 +193,12 @@ def _warn_provenance(info: dict) -> None:
                     f" (+{others} other packages)" if others else "")
 
 
-def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[str]]:
+def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> tuple[Config, Config, list[str]]:
     """(composed, resolved, overrides for the new record) of the run at `ref` with `new_overrides`.
 
     `new_overrides` are this command line's overrides (a ``reproduce=`` entry among them is
-    ignored). Raises ReproduceError (one line) or validate.ConfigError.
+    ignored). `verb` says what the caller does with it in its warnings ("resuming": resume= says
+    itself which run it continues). Raises ReproduceError (one line) or validate.ConfigError.
     """
     new = [o for o in new_overrides if _key(o) != "reproduce"]
     try:
@@ -210,7 +221,13 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
     _check_interpolations({_key(o): o.split("=", 1)[-1] for o in kept}, f"{source.run_dir / record.OVERRIDES}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
 
-    search = search_path_override(source.info().get("config_search_path") or [])
+    search, gone = search_path_override(source.info().get("config_search_path") or [])
+    if gone:  # the saved config holds what those folders gave: it is the base as it is
+        unfound = [o for o in kept if not _found_here(o, _folders(search))]
+        kept = [o for o in kept if o not in unfound]
+        log.warning("config folder %s (the run's --config-dir or hydra.searchpath) is gone: using the run's saved "
+                    "config (%s)%s", ", ".join(gone), record.COMPOSED,
+                    f" for {', '.join(unfound)}" if unfound else "")
     try:
         base = flatten(_compose(search + kept))
     except Exception as err:
@@ -221,8 +238,8 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
         raise ReproduceError(f"overrides do not apply to the saved config: {first_line(err)}") from None
 
     merged = flatten(saved)
-    drift = sorted(k for k in base if k in merged and base[k] != merged[k]
-                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != secrets.REDACTED)
+    drift = [] if gone else sorted(k for k in base if k in merged and base[k] != merged[k]  # gone: said above
+                                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != secrets.REDACTED)
     if drift:
         log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
                     + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))
@@ -248,12 +265,13 @@ def recompose(ref: str, new_overrides: list[str]) -> tuple[Config, Config, list[
             else:
                 del merged[key]
     merged["reproduce"] = source.run_id  # tagged reproduced_from by record.create
-    _warn_provenance(source.info())
+    _warn_provenance(source.info(), verb)
 
     try:
         typed = OmegaConf.merge(OmegaConf.structured(Config), _unflatten(merged))
     except Exception as err:
         raise ReproduceError(f"the recomposed config does not fit the schema: {first_line(err)}") from None
     composed, resolved = load(typed)
-    log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
+    if verb == "reproducing":
+        log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
     return composed, resolved, kept + new + [f"reproduce={source.run_id}"]

@@ -14,6 +14,8 @@ keeps every source's read position (saved in the checkpoint, `marin.data.loader`
 new weights from the restored step: tag `data_mixture` ("<name> from step N (…)").
 
 `train.stop_after` belongs to one invocation: a resume runs to the end unless it is given again.
+A run whose newest checkpoint is already at its last step (or at this command's stop_after) is
+not re-run: one line says so, exit 0, nothing written.
 Overrides that change the train state's structure (model shapes, optimizer tree) are refused
 before anything is written: no checkpoint could be restored into that state (use reproduce=).
 """
@@ -45,7 +47,7 @@ from marin.train.checkpoint import (
 
 log = logging.getLogger("marin.resume")
 
-IGNORED = ("resume", "reproduce", "dry_run", "wait", "tracking.uri", "train.stop_after")   # not changes of the run
+IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "train.stop_after")   # not changes of the run
 PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 
@@ -79,7 +81,7 @@ def _recompose(source, overrides: list[str], previous: dict):
     if not any(_key(o) in PER_INVOCATION for o in overrides):  # the saved run's stop_after ended its invocation
         overrides = [*overrides, *(f"{k}=null" for k in PER_INVOCATION)]
     try:
-        composed, resolved, _ = recompose(str(source.run_dir), overrides)
+        composed, resolved, _ = recompose(str(source.run_dir), overrides, verb="resuming")
     except ReproduceError as err:
         fail(f"resume: {err}")
     except ConfigError as err:
@@ -111,11 +113,16 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         carried.append(f"schedule.horizon_from_step={steps[-1]}")
         new.append(carried[-1])
         composed, resolved, changes = _recompose(source, carried, previous)
+    if steps and (done := _done(source, resolved, steps[-1])):  # nothing left to train: say so, exit 0
+        print(done, file=sys.stderr if dry_run == "json" else sys.stdout, flush=True)
+        return
     print(f"resuming run {source.run_id} in {source.run_dir}\n  newest checkpoint: "
           f"{('step ' + str(steps[-1])) if steps else 'none (starts from step 0)'}"
           + (f"\n  changes: {_describe(changes)}" if changes else ""),
           file=sys.stderr if dry_run == "json" else sys.stdout, flush=True)  # json: stdout is the plan
     if steps:
+        if resolved.hardware.launcher != "slurm":  # trained here: JAX starts (for the check) as the run needs it
+            apply_environment(resolved.hardware)
         _check_structure(source, resolved, changes, new)
     if dry_run:
         print_plan(resolved, as_json=dry_run == "json")
@@ -155,6 +162,24 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         fail(str(err), code=3)
     except (NoCheckpointError, CheckpointError, StructureMismatch) as err:
         fail(f"resume: {err}", code=1)
+
+
+def _done(source, resolved, newest: int) -> str | None:
+    """One line if the run ended well with its newest checkpoint at its last step (or at this
+    command's train.stop_after): a resume would re-run only the final eval and rewrite the report.
+    A run that failed after its last checkpoint (in the final eval) is resumed: that eval runs."""
+    total = resolved.schedule.horizon_steps or resolved.train.steps
+    stop = resolved.train.stop_after
+    if source.info().get("status") != "FINISHED":
+        return None
+    if newest >= total:
+        return (f"run {source.run_id} is finished (step {newest} of {total}): nothing to resume; its report: "
+                f"{source.run_dir / 'report.html'}. To train on from its weights, start a new run with "
+                f"train.init_from={source.run_dir}")
+    if stop is not None and newest >= stop:
+        return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_after={stop}): nothing to "
+                f"run; give a later train.stop_after, or none to train to step {total}")
+    return None
 
 
 def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:

@@ -15,9 +15,11 @@ installed its own handler, submitit requeues the same submission.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -30,14 +32,14 @@ from omegaconf import OmegaConf
 from marin.cli import fail, setup_logging
 from marin.config import derive
 from marin.config.schema import Config
-from marin.launch import distributed
+from marin.launch import distributed, restarts
 from marin.launch.checks import load
 from marin.launch.distributed import check_gpu_install, process_environment
 from marin.launch.memory import over_memory
 from marin.track import backend, secrets
 from marin.track import record as run_record
 from marin.track.record import RunRecord, config_dict, update_info
-from marin.track.secrets import mask, safe_uri
+from marin.track.secrets import mask
 from marin.train import preempt
 
 log = logging.getLogger("marin.slurm")
@@ -49,6 +51,13 @@ ENTRY_VARIABLE = "MARIN_SLURM_ENTRY"        # module:function to run instead (sm
 HIDDEN_FROM_JOBS = ("CUDA_VISIBLE_DEVICES", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_NUM_PROCESSES",
                     "JAX_PROCESS_ID", "JAX_LOCAL_DEVICE_IDS")
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+SEGMENT_SINCE = (24, 5)   # sbatch --segment (with topology/block) came in Slurm 24.05
+# An older Slurm keeps a one-segment job in one rack with --switches=1@<wait> on topology/tree (a
+# leaf switch per rack); the wait is capped by the site's SchedulerParameters=max_switch_wait.
+SWITCH_WAIT = "24:00:00"
+# srun ends the step when any task exits non-zero (a dead task would leave the others hanging in
+# a collective); the batch script then applies the restart policy (marin/launch/restarts.py).
+SRUN_ARGS = ["--kill-on-bad-exit=1"]
 
 
 class SubmitError(RuntimeError):
@@ -100,7 +109,8 @@ def slurm_parameters(cfg) -> dict:
         "ntasks_per_node": hw.tasks_per_node,
         "cpus_per_task": hw.cpus_per_task,
         "gpus_per_node": hw.gpus_per_node or None,   # every task sees all of its node's GPUs
-        "mem": f"{hw.mem_gb}GB" if hw.mem_gb else None,
+        "mem": None if hw.mem_gb is None else f"{hw.mem_gb}GB" if hw.mem_gb else "0",   # 0: all of it
+        "exclusive": True if hw.exclusive else None,
         "partition": hw.partition,
         "account": hw.account,
         "qos": hw.qos,
@@ -108,14 +118,69 @@ def slurm_parameters(cfg) -> dict:
         "time": hw.time_min,
         "signal_delay_s": hw.signal_delay_s,
         "setup": setup_lines(cfg),
+        "srun_args": SRUN_ARGS,
+        "additional_parameters": placement(hw, slurm_version()) or None,
     }
     return {k: v for k, v in params.items() if v is not None}
 
 
+@functools.lru_cache(maxsize=1)
+def slurm_version() -> tuple[int, int] | None:
+    """(major, minor) of this machine's sbatch (`slurm-wlm 22.05.8` → (22, 5)); None without one."""
+    try:
+        done = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"(\d+)\.(\d+)", done.stdout)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def placement(hw, version: tuple[int, int] | None) -> dict:
+    """sbatch options that keep each `segment_nodes` nodes in one NVLink domain: `--segment`
+    (Slurm ≥ 24.05, topology/block), or on an older Slurm `--switches=1@…` for a job that is one
+    segment (topology/tree with a leaf switch per rack). `placement_problem` refuses the rest."""
+    if not hw.segment_nodes:
+        return {}
+    if version is None or version >= SEGMENT_SINCE:  # no sbatch here (a dry run): as on a current Slurm
+        return {"segment": hw.segment_nodes}
+    return {"switches": f"1@{SWITCH_WAIT}"}
+
+
+def placement_problem(cfg, version: tuple[int, int] | None = None) -> str | None:
+    """One line if this Slurm cannot place the job as `hardware.segment_nodes` asks; else None."""
+    hw = cfg.hardware
+    if not hw.segment_nodes:
+        return None
+    nodes = derive.total_nodes(hw)
+    if nodes % hw.segment_nodes:
+        return (f"hardware.segment_nodes={hw.segment_nodes} must divide the job's {nodes} nodes "
+                f"(hardware.racks × hardware.nodes)")
+    version = version or slurm_version()
+    if version is not None and version < SEGMENT_SINCE and nodes > hw.segment_nodes:
+        return (f"hardware.segment_nodes={hw.segment_nodes}: Slurm {version[0]}.{version[1]:02d} has no --segment "
+                f"(Slurm ≥ {SEGMENT_SINCE[0]}.{SEGMENT_SINCE[1]:02d} with topology/block); submit one job per "
+                f"replica (hardware.racks=1: {hw.segment_nodes} nodes kept in one rack by --switches=1 on "
+                f"topology/tree) or set hardware.segment_nodes=null")
+    return None
+
+
 def executor(cfg, folder: Path) -> submitit.SlurmExecutor:
+    """submitit's executor for `cfg`, writing into `folder`; its batch script ends with the
+    restart policy (`restart_lines`)."""
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.hardware.max_requeues)
-    ex.update_parameters(**slurm_parameters(cfg))
+    params = slurm_parameters(cfg)
+    params["setup"] = [*params["setup"], "marin_started=$(date +%s)  # for the restart policy"]
+    ex.update_parameters(**params, teardown=restart_lines(folder))
     return ex
+
+
+def restart_lines(folder: Path) -> list[str]:
+    """The batch script's lines after srun: srun's status goes to the restart policy, which
+    requeues the job or ends its MLflow run FAILED; the job ends with srun's status."""
+    policy = shlex.join([sys.executable, "-m", "marin.launch.restarts", str(Path(folder).resolve())])
+    return ["marin_exit=$?  # srun's status: a task that died ended the step",
+            f'{policy} --exit-code "$marin_exit" --started "$marin_started"',
+            'exit "$marin_exit"']
 
 
 def describe(cfg) -> str:
@@ -125,23 +190,38 @@ def describe(cfg) -> str:
     nodes, tasks = derive.total_nodes(hw), derive.process_count(hw)
     gpus = f"{hw.gpus_per_node} GPUs" if hw.gpus_per_node else "no GPUs"
     where = ", ".join(f"{k} {p[k]}" for k in ("partition", "account", "qos", "constraint") if k in p) or "default partition"
-    per_node = [gpus, f"{hw.cpus_per_task * hw.tasks_per_node} CPUs", p.get("mem", "no memory request")]
+    memory = {None: "no memory request", "0": "all of its memory"}.get(p.get("mem"), p.get("mem"))
+    per_node = [gpus, f"{hw.cpus_per_task * hw.tasks_per_node} CPUs", memory]
     racks = f"; {hw.racks} racks of {hw.nodes} nodes" if hw.racks != 1 else ""
+    problem = placement_problem(cfg)
     lines = [
         f"slurm: {nodes} node{'s' if nodes != 1 else ''} × {hw.tasks_per_node} tasks = {tasks} processes "
         f"({nodes * hw.gpus_per_node} GPUs); per node: {', '.join(per_node)}{racks}",
         f"  {where}; time limit {hw.time_min} min (USR2 {hw.signal_delay_s} s before); "
-        f"at most {hw.max_requeues} requeues",
+        f"at most {hw.max_requeues} requeues after preemption, {hw.max_restarts} "
+        f"restart{'' if hw.max_restarts == 1 else 's'} after a task dies",
+        *([f"  placement: {_placement_words(p, problem)}"] if "exclusive" in p or "additional_parameters" in p else []),
         "  environment:",
         *(f"    {line}" for line in p["setup"]),
     ]
     return "\n".join(lines)
 
 
+def _placement_words(p: dict, problem: str | None) -> str:
+    if problem:  # what the job needs, and why this Slurm cannot give it
+        return f"refused by this Slurm: {problem}"
+    flags = [f"--{k}={v}" for k, v in p.get("additional_parameters", {}).items()]
+    flags += ["--exclusive"] if p.get("exclusive") else []
+    flags += ["--mem=0"] if p.get("mem") == "0" else []
+    return " ".join(flags)
+
+
 # ---------------------------------------------------------------------------- submit
 
 def submit(composed, resolved, overrides: list[str]) -> None:
     """`launch.py` with a Slurm hardware: record, submit, print, return (or follow with wait)."""
+    if (problem := placement_problem(resolved)) is not None:
+        fail(problem)
     if (problem := memory_problem(resolved)) is not None:
         fail(problem)
     if (problem := check_gpu_install(resolved.hardware)) is not None:
@@ -181,7 +261,7 @@ def _mark_unsubmitted(rec, reason: str) -> None:
 
 
 def _job_label(rec) -> str:
-    return f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({safe_uri(rec.tracking_uri)})"
+    return f"run directory: {rec.run_dir}\nmlflow run: {rec.run_id} ({run_record.mlflow_link(rec)})"
 
 
 def clean_environment():
@@ -196,6 +276,8 @@ def entry() -> str:
 
 def submit_record(composed, resolved, rec):
     """Submit the training job of an existing run record; returns the submitit job."""
+    if (problem := placement_problem(resolved)) is not None:
+        raise SubmitError(problem)
     folder = Path(rec.run_dir) / "slurm"
     ex = executor(resolved, folder)
     task = TrainJob(config_yaml(composed), record_fields(rec), entry())
@@ -227,10 +309,20 @@ def active_job(rec) -> str | None:
     return jobs[-1] if state in ACTIVE_STATES else None
 
 
+def _ended(job) -> bool:
+    """Whether Slurm has ended the job. Not submitit's `done()`: that counts a task's result file,
+    and tasks that raised leave one while the restart policy requeues the job (where Slurm's
+    state is unknown, as there, the result files decide)."""
+    state = job.watcher.get_state(job.job_id, mode="force").upper()
+    if state == "UNKNOWN":
+        return job.done()
+    return state not in ACTIVE_STATES + ("READY", "PREEMPTED")
+
+
 def follow(job, poll_s: float = 2.0) -> int:
     """Wait for the job (through requeues), printing its state changes; 0 if it succeeded."""
     last = None
-    while not job.done(force_check=True):
+    while not _ended(job):
         state = job.state
         if state != last:
             print(f"slurm job {job.job_id}: {state}", file=sys.stderr, flush=True)
@@ -269,6 +361,9 @@ def job_main(composed_yaml: str, fields: dict, entry: str = DEFAULT_ENTRY):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every step of every save at INFO
     _, resolved = rebuild(composed_yaml)
     distributed.apply_environment(resolved.hardware)
+    # the requeues after a dead task are the restart policy's, not preemption's (max_requeues)
+    faults = restarts.faults(fields["run_dir"], os.environ.get("SLURM_JOB_ID", ""))
+    os.environ[restarts.FAULT_RESTARTS_VARIABLE] = str(len(faults))
     preempt.install(max_requeues=resolved.hardware.max_requeues)
     distributed.initialize(resolved.hardware)
     rec = RunRecord(Path(fields["run_dir"]), fields["run_id"], fields["tracking_uri"], fields["experiment_name"])

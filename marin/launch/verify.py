@@ -35,7 +35,7 @@ from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
-from marin.track.tracker import METRICS
+from marin.track.tracker import METRICS, tracked_name
 from marin.train.checkpoint import checkpoint_dir, listed_steps
 
 RESULT = "verify.json"
@@ -110,15 +110,19 @@ def _from_mlflow(uri: str, run_id: str) -> dict | None:
 def reference(source: record.RunRecord) -> tuple[dict, str]:
     """The recorded metrics of `source` and where they came from (MLflow first, then the file)."""
     info = source.info()
+
+    def named_now(found: dict) -> dict:  # a run recorded before bookkeeping moved under usage/ (tracker.tracked_name)
+        return {(tracked_name(k), s): v for (k, s), v in found.items()}
+
     for uri in dict.fromkeys([source.tracking_uri, info.get("tracking_uri")]):
         found = _from_mlflow(uri, source.run_id)
         if found:
-            return found, f"MLflow run {source.run_id} ({secrets.safe_uri(uri)})"
+            return named_now(found), f"MLflow run {source.run_id} ({secrets.safe_uri(uri)})"
     path = source.run_dir / METRICS
     if path.is_file():
         found = read_jsonl(path)
         if found:
-            return found, str(path)
+            return named_now(found), str(path)
     raise VerifyError(f"reproduce: run {source.run_id} has no recorded metrics to compare with (its MLflow run "
                       f"cannot be reached and {path} does not exist)")
 
@@ -133,10 +137,13 @@ def parse_window(text) -> tuple[int, int]:
 
 
 def run_start(source: record.RunRecord, recorded: dict) -> int:
-    """The step the original run began at: 0, or where its train.init_from checkpoint was."""
-    started = (source.info().get("init_from") or {}).get("step")
-    if started is not None:
-        return int(started)
+    """The step the original run began at: 0, or where its train.init_from checkpoint was (in
+    continue mode; runs recorded before train.init_from_mode existed all continued)."""
+    init = source.info().get("init_from") or {}
+    if init.get("mode", "continue") != "continue" or source.resolved().train.get("init_from_mode") == "weights":
+        return 0  # it took the weights only and trained from step 0
+    if init.get("step") is not None:
+        return int(init["step"])
     if source.resolved().train.get("init_from"):
         return min(step for _, step in recorded) - 1  # optimizer step n logs at n
     return 0
@@ -170,7 +177,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s < a]
     overrides = [f"train.stop_after={b}"]
     if steps:  # restores steps[-1], the newest checkpoint below a
-        overrides.append(f"train.init_from='{source.run_dir}@{a - 1}'")
+        overrides += [f"train.init_from='{source.run_dir}@{a - 1}'", "train.init_from_mode=continue"]
     elif a > first + 1:  # else the run's own beginning: its config starts there (fresh, or its own init_from)
         have = listed_steps(checkpoint_dir(source.run_dir))
         raise VerifyError(f"verify_steps: run {source.run_id} has no checkpoint below step {a} to start "

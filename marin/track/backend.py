@@ -2,9 +2,11 @@
 (the rule for secrets lives in `marin.track.secrets`)."""
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -53,16 +55,35 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     minutes); make the folder of a sqlite store. Other schemes are left to MLflow."""
     if uri.startswith(("http://", "https://")):
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as reply:
+            with urllib.request.urlopen(_health_request(uri), timeout=timeout) as reply:
                 if reply.status == 200:
                     return
                 problem = f"HTTP {reply.status}"
-        except (urllib.error.URLError, OSError) as err:
-            problem = str(getattr(err, "reason", err))
+        except urllib.error.HTTPError as err:  # an answer, but not a healthy one (401: wrong credentials)
+            problem = f"HTTP {err.code} {err.reason}"
+        except (urllib.error.URLError, OSError, ValueError) as err:  # ValueError: http.client.InvalidURL
+            problem = safe_uri(str(getattr(err, "reason", err)))
         raise TrackingUnavailable(f"MLflow tracking server {safe_uri(uri)} is not reachable ({problem}); "
                                   "start it, or set tracking.uri / MLFLOW_TRACKING_URI to a reachable store")
     if is_sqlite(uri):
         sqlite_path(uri).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <server>/health. Credentials in the URI (``http://user:password@host``, which MLflow's
+    client sends as basic auth) go in an Authorization header: urllib cannot parse them in the host."""
+    parts = urllib.parse.urlsplit(uri.rstrip("/"))
+    netloc = parts.hostname or ""
+    if ":" in netloc:  # an IPv6 address
+        netloc = f"[{netloc}]"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    request = urllib.request.Request(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path + "/health", "", "")))
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    return request
 
 
 def client(uri: str):
@@ -88,19 +109,41 @@ def client(uri: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# MLflow 3 files an experiment under "GenAI apps & agents" or "Machine learning" by this tag
+# (values in its UI's ExperimentKind); ours hold training runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow 3.17's UI opens every experiment in its GenAI view (traces, an assistant panel) unless the
+# address asks for the other one; links marin prints carry this query (`ui_url`).
+UI_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str | None:
+    """The MLflow UI's page of an experiment (or one run of it) in its model-training view, for
+    an http(s) store (the UI is its server); None for a file or sqlite store (`mlflow ui`)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{safe_uri(uri).rstrip('/')}/#/{page}?{UI_TRAINING_VIEW}"
+
+
 def experiment_id(mlflow_client, name: str, uri: str) -> str:
-    """The id of experiment `name`, created if absent. On a sqlite store the artifacts go beside
-    the database (MLflow would otherwise put them in ./mlruns of whatever the cwd is)."""
+    """The id of experiment `name`, created if absent and tagged as model training
+    (`EXPERIMENT_KIND`, also added to an existing experiment that has no kind). On a sqlite store
+    the artifacts go beside the database (MLflow would otherwise put them in ./mlruns of whatever
+    the cwd is)."""
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             mlflow_client.restore_experiment(exp.experiment_id)
+        if not any(key in exp.tags for key in EXPERIMENT_KIND):
+            for key, value in EXPERIMENT_KIND.items():
+                mlflow_client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     location = None
     if is_sqlite(uri):
         location = (sqlite_path(uri).parent / "artifacts").as_uri()
     try:
-        made = mlflow_client.create_experiment(name, artifact_location=location)
+        made = mlflow_client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
     except Exception:  # created meanwhile by another job of the same sweep
         exp = mlflow_client.get_experiment_by_name(name)
         if exp is None:

@@ -1,4 +1,4 @@
-"""A run against its pre-registered forecast (`forecast.registered=conf/forecasts/<experiment>.yaml`).
+"""A run against its pre-registered forecast (`forecast.registered=outputs/forecasts/<experiment>.yaml`).
 
 The file is written by ``python -m marin.forecast <ladder> --target <experiment> --register``
 before the run starts; it holds, at each 5% of training, the ladder's predicted evaluation loss

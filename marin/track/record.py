@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, RunConfig
-from marin.track import backend, secrets, sweep
+from marin.track import backend, refs, secrets, sweep
 from marin.track.errors import first_line
 
 log = logging.getLogger("marin.track")
@@ -49,7 +49,7 @@ log = logging.getLogger("marin.track")
 COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
 LOG = "run.log"  # the run's log lines (attach_log)
 # Leaves that do not change what is trained: left out of the config hash.
-UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "dry_run", "wait",
+UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "fork", "dry_run", "wait",
             "verify", "verify_steps", "verify_rtol")
 # Environment variables worth keeping for provenance (secret-looking ones are redacted).
 ENV_PREFIXES = ("SLURM_", "JAX_", "XLA_", "PJRT_", "CUDA_", "NCCL_", "NVIDIA_", "MLFLOW_", "HYDRA_",
@@ -138,12 +138,24 @@ def _git(*args: str) -> str | None:
 
 
 def git_state() -> tuple[dict, str]:
-    """(commit, dirty flag, untracked files) and the diff against HEAD."""
+    """(commit, dirty flag, untracked files) and the diff against HEAD (secret assignments in it
+    redacted: `secrets.mask_assignments`).
+
+    Dirty means a tracked file changed, or a new file appeared in a folder the project tracks
+    (``marin/new_module.py`` can change what runs). Untracked files elsewhere (notes at the top,
+    a scratch folder) are listed but leave the run clean: they cannot change what was trained."""
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
     status = _git("status", "--porcelain", "--", ".", *(f":(exclude){d}" for d in NOT_SOURCE)) or ""
-    untracked = [line[3:] for line in status.splitlines() if line.startswith("??")]
+    lines = status.splitlines()
+    untracked = [line[3:] for line in lines if line.startswith("??")]
+    folders = set((_git("ls-tree", "--name-only", "-d", "HEAD") or "").split()) if commit else set()
+    changed = [line for line in lines if not line.startswith("??")]
+    new_source = [path for path in untracked if "/" in path and path.split("/", 1)[0] in folders]
     diff = (_git("diff", "HEAD", "--binary") or "") if commit else ""
-    return {"commit": commit, "dirty": bool(status.strip()), "untracked": untracked}, diff
+    branch = (_git("rev-parse", "--abbrev-ref", "HEAD") or "").strip()
+    remote = secrets.safe_uri((_git("remote", "get-url", "origin") or "").strip())
+    return {"commit": commit, "branch": branch if branch not in ("", "HEAD") else None, "remote": remote or None,
+            "dirty": bool(changed or new_source), "untracked": untracked}, secrets.mask_assignments(diff)
 
 
 @functools.lru_cache(maxsize=1)  # reading every package's metadata takes a good fraction of a second
@@ -330,15 +342,17 @@ def register(draft: Draft) -> RunRecord:
             "router": resolved.router.kind,
             "hardware": resolved.hardware.name,
             **({"experiment": resolved.run.experiment} if resolved.run.experiment else {}),
-            **({"mlflow.source.git.commit": info["git"]["commit"]} if info["git"]["commit"] else {}),
+            **_mlflow_system_tags(info, draft.argv),
             **sweep_tags,
         }
         if resolved.reproduce:
             tags["reproduced_from"] = str(resolved.reproduce)
             if resolved.verify:
                 tags["verification_of"] = str(resolved.reproduce)  # marin/launch/verify.py adds verify_result
+        if resolved.fork:  # <parent run id>@<step> (marin/launch/fork.py); the lineage follows these
+            tags["forked_from"] = str(resolved.fork)
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
-        run_name = secrets.mask(sweep.run_name(sweep_tags) or run_dir.name)
+        run_name = secrets.mask(sweep.run_name(sweep_tags) or display_name(resolved.run.name, safe_overrides))
         run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
         _log_params(client, run_id, secrets.redact(config_dict(resolved)))
         info = {"run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment": draft.experiment_name,
@@ -362,6 +376,36 @@ def register(draft: Draft) -> RunRecord:
         raise
     log.info("run %s: %s (MLflow %s, experiment %s)", run_id, run_dir, secrets.safe_uri(uri), draft.experiment_name)
     return rec
+
+
+def display_name(name: str, overrides: list[str]) -> str:
+    """A single run's name in MLflow's table: `run.name` and what its command line changed, as a
+    sweep's children are named (`sweep.child_name`): ``probe model=tiny,lr=0.002``. Overrides of
+    bookkeeping (where it is stored, its name: `UNHASHED`) are left out; the run directory, with
+    its unique suffix, is the `run_dir` tag."""
+    def bookkeeping(override: str) -> bool:
+        key = override.split("=", 1)[0].lstrip("+~")
+        return key.startswith("hydra.") or any(key == u or key.startswith(u + ".") for u in UNHASHED)
+
+    changed = sweep.child_name([o for o in overrides if "=" in o and not bookkeeping(o)])
+    return f"{name} {changed}"[:250] if changed else name
+
+
+def _mlflow_system_tags(info: dict, argv: list[str]) -> dict[str, str]:
+    """The tags MLflow's own `mlflow.start_run` sets, which its UI shows (User, Source, the git
+    commit): marin makes runs with the client, which sets none of them."""
+    import getpass
+
+    git = info["git"]
+    tags = {"mlflow.source.type": "LOCAL", "mlflow.source.name": os.path.abspath(argv[0]) if argv else "launch.py"}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid (some containers)
+        pass
+    for tag, value in (("commit", git.get("commit")), ("branch", git.get("branch")), ("repoURL", git.get("remote"))):
+        if value:
+            tags[f"mlflow.source.git.{tag}"] = value
+    return tags
 
 
 def made(rec: RunRecord, draft: Draft) -> RunRecord:
@@ -441,22 +485,33 @@ def _discard(client, run_id: str) -> None:
             log.warning("could not delete the half-made MLflow run %s", run_id)
 
 
+def mlflow_link(rec: RunRecord) -> str:
+    """Where to look at a run: its page in the MLflow UI, in the model-training view
+    (`backend.ui_url`), when the store is a tracking server; else the store's URI (no password)."""
+    try:
+        experiment = rec.info().get("experiment_id")
+    except (OSError, ValueError):
+        experiment = None
+    return (experiment and backend.ui_url(rec.tracking_uri, experiment, rec.run_id)) or secrets.safe_uri(rec.tracking_uri)
+
+
 # ---------------------------------------------------------------------------- open
 
 def open(ref: str | os.PathLike, tracking_uri: str | None = None, out_dir: Path | None = None) -> RunRecord:  # noqa: A001
-    """The record of a run directory (a path, or a name under <out_dir>/runs/) or an MLflow run id.
+    """The record of the run `ref` names (`marin.track.refs`: a run directory, its name under
+    <out_dir>/runs/ or a unique prefix of it or of its run id, `<sweep>/<job>`, an MLflow run id).
 
-    A run id is looked up in `tracking_uri` (default: $MLFLOW_TRACKING_URI, else the sqlite store
-    under `out_dir`, by default the project's); its `run_dir` tag names the directory.
+    A full run id is looked up in `tracking_uri` (default: $MLFLOW_TRACKING_URI, else the sqlite
+    store under `out_dir`, by default the project's); its `run_dir` tag names the directory.
     """
-    ref = str(ref)
+    try:
+        found = refs.find_run(str(ref), out_dir)
+    except refs.RefError as err:
+        raise RecordError(str(err)) from None
+    if isinstance(found, Path):
+        return _from_dir(found, tracking_uri)
+    ref = found
     site = Config(run=RunConfig(out_dir=str(out_dir))) if out_dir else Config()
-    runs = backend.out_dir(site) / "runs"
-    for candidate in (Path(ref).expanduser(), runs / ref):
-        if candidate.is_dir():
-            return _from_dir(candidate.resolve(), tracking_uri)
-    if Path(ref).suffix or "/" in ref:
-        raise RecordError(f"{ref}: no such run directory")
     uri = tracking_uri or backend.tracking_uri(site)
     if backend.is_sqlite(uri) and not backend.sqlite_path(uri).exists():
         raise RecordError(f"{ref}: no such run directory, and no MLflow store at {uri} to look it up in")

@@ -54,6 +54,34 @@ def _histories(client, run_id: str, keys) -> dict[str, Series]:
     return {k: v for k, v in found.items() if v is not None}
 
 
+def stitched(client, run_id: str, tags: dict, key: str = "train/loss") -> tuple[Series | None, list[str]]:
+    """`key` across a fork's lineage (its `forked_from` tags, marin/launch/fork.py): each step from
+    the run in force at that step; and the lineage, oldest first, as `<run id>: steps a–b` lines.
+    (None, []) for a run that is no fork."""
+    parts, lines, upto, seen = [], [], None, {run_id}
+    while True:
+        s = history(client, run_id, key)
+        fork = tags.get("forked_from")
+        start = int(fork.rsplit("@", 1)[1]) if fork and fork.rsplit("@", 1)[-1].isdigit() else 0
+        if s is not None:
+            keep = (s[0] > start) & (s[0] <= upto if upto is not None else True)
+            parts.append((s[0][keep], s[1][keep]))
+        lines.append(f"{run_id}: steps {start}–{'' if upto is None else upto}")
+        if not start or fork.rsplit("@", 1)[0] in seen:
+            break
+        run_id, upto = fork.rsplit("@", 1)[0], start
+        seen.add(run_id)
+        try:
+            tags = client.get_run(run_id).data.tags
+        except Exception:  # noqa: BLE001 — a parent in another store: the lineage stops here
+            lines.append(f"{run_id}: not in this store")
+            break
+    if len(lines) < 2 or not parts:
+        return None, []
+    parts.reverse()
+    return (np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])), lines[::-1]
+
+
 def _final(series: Series | None) -> float | None:
     return None if series is None else float(series[1][-1])
 
@@ -69,12 +97,15 @@ def _median_late(series: Series | None) -> float | None:
 
 # ---------------------------------------------------------------------------- plotting
 
-def _figure(rows: int = 1, cols: int = 1, height: float = 3.2):
+WIDTH_IN, DPI = 12.0, 100  # 1,200 px: the page's full width (STYLE), text at its natural size
+
+
+def _figure(rows: int = 1, cols: int = 1, height: float = 3.6):
     # The object API with its own Agg canvas: no pyplot, no global backend switch in the caller.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    width, tall = (7.5 if cols == 1 else 3.8 * cols), height * rows
+    width, tall = WIDTH_IN, height * rows
     fig = Figure(figsize=(width, tall))
     FigureCanvasAgg(fig)
     # Margins in inches, fixed: tight_layout would draw every figure an extra time to measure
@@ -87,7 +118,7 @@ def _figure(rows: int = 1, cols: int = 1, height: float = 3.2):
 def _png(fig) -> str:
     """The figure as an <img> whose source is a base64 data: URI (nothing fetched to show it)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=DPI)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
     return f'<img alt="plot" src="data:image/png;base64,{data}">'
 
@@ -114,21 +145,39 @@ def _finish(ax, ylabel: str, legend: bool = True, log: bool = False) -> None:
         ax.legend(fontsize=7)
 
 
-def plot_losses(series: dict[str, Series]) -> str | None:
-    train = {k: v for k, v in series.items() if k in ("train/loss", "train/ce")}
+# train/loss = train/ce + the z and aux losses: nearly the same curve. The total is drawn wide and
+# pale, the cross-entropy thin and dashed on top, so neither hides the other.
+TRAIN_STYLE = {"train/loss": {"linewidth": 2.6, "alpha": 0.45}, "train/ce": {"linewidth": 1.0, "linestyle": "--"}}
+
+
+def loss_axes(series: dict[str, Series]):
+    """The loss figure (training, evaluation, the forecast), on a log axis when every loss is
+    positive (a loss falls by decades early and by hundredths late); None with nothing to draw."""
+    train = {k: series[k] for k in TRAIN_STYLE if k in series}
     evals = {k: v for k, v in series.items() if k.startswith("eval/") and k.endswith("loss")}
     if not train and not evals:
         return None
     fig, axes = _figure()
     ax = axes[0, 0]
     for key, s in train.items():
-        _line(ax, s, key, linewidth=1, alpha=0.8)
+        _line(ax, s, key, **TRAIN_STYLE[key])
     for key, s in evals.items():
         steps, values = s
         ax.plot(steps, values, marker="s", markersize=4, linewidth=2 if key == "eval/macro_loss" else 1, label=key)
     _forecast(ax, series)
-    _finish(ax, "loss")
-    return _png(fig)
+    positive = all((s[1][np.isfinite(s[1])] > 0).all() for s in (*train.values(), *evals.values()))
+    _finish(ax, "loss (log scale)" if positive else "loss", log=positive)
+    if positive:  # plain numbers (2, 3, 4) on the log axis, not 2×10⁰: a loss spans about a decade
+        from matplotlib.ticker import FormatStrFormatter
+
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    return fig
+
+
+def plot_losses(series: dict[str, Series]) -> str | None:
+    fig = loss_axes(series)
+    return None if fig is None else _png(fig)
 
 
 def _forecast(ax, series: dict[str, Series]) -> None:
@@ -206,10 +255,10 @@ def plot_expert_load(steps: np.ndarray, load: np.ndarray) -> str:
 # ---------------------------------------------------------------------------- HTML
 
 STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
-max-width:1000px;color:#222;padding:0 1em}h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;
+max-width:1240px;color:#222;padding:0 1em}h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;
 padding-bottom:.2em;margin-top:1.8em}table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;
 padding:.25em .6em;text-align:left;vertical-align:top}th{background:#f4f4f4}code{font-size:.9em}
-.none{color:#888;font-style:italic}img{max-width:100%}"""
+.none{color:#888;font-style:italic}img{width:100%;height:auto}"""
 
 
 def _esc(value) -> str:
@@ -221,12 +270,16 @@ def _num(value, fmt: str = ".4f") -> str:
     return "–" if value is None else format(value, fmt)
 
 
+class Html(str):
+    """A table cell that is already HTML (built from escaped parts): not escaped again."""
+
+
 def _table(rows: list[tuple], head: tuple | None = None) -> str:
     out = ["<table>"]
     if head:
         out.append("<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>")
     for row in rows:
-        out.append("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, Html) else _esc(c)}</td>" for c in row) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
 
@@ -249,12 +302,44 @@ def _when(ms) -> str | None:
 
 # ---------------------------------------------------------------------------- a run
 
+def forecast_verdict(series: dict[str, Series], tags: dict) -> str:
+    """One line on the run against its registered forecast (forecast_check's metrics and tag)."""
+    predicted, lower, upper = (series.get(FORECAST[k]) for k in ("predicted", "lower", "upper"))
+    residual = series.get("forecast/residual")
+    if predicted is None:
+        return "no registered forecast"
+    n = len(predicted[0])
+    outside = 0
+    if residual is not None and lower is not None and upper is not None and len(lower[0]) == len(residual[0]):
+        actual = np.interp(residual[0], *predicted) + residual[1]
+        outside = int(np.sum((actual < lower[1]) | (actual > upper[1])))
+    z = series.get("forecast/z")
+    last = f"; last z = {z[1][-1]:+.2f}" if z is not None and len(z[1]) else ""
+    if tags.get("forecast.alert"):
+        return f"ALERT: outside the band from step {tags['forecast.alert']} ({outside} of {n} points outside{last})"
+    return f"within the band at all {n} registered points so far{last}"
+
+
+def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> Html:
+    """The run in MLflow's UI: a link for a server; for a file or sqlite store, the command that
+    serves it and the page's path. Credentials in the URI are left out."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    parts = urlsplit(tracking_uri)
+    if parts.scheme in ("http", "https"):
+        base = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
+        url = f"{base.rstrip('/')}/{page}"
+        return Html(f'<a href="{_esc(url)}">{_esc(url)}</a>')
+    return Html(f"<code>mlflow ui --backend-store-uri {_esc(tracking_uri)}</code>, then <code>{_esc(page)}</code>")
+
+
 def run_html(client, run, run_dir: Path | None) -> str:
     """The HTML page of one run (`run`: an MLflow Run; `run_dir`: its directory, if here)."""
     run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
     keys = set(run.data.metrics)
     plain = ["train/loss", "train/ce", "train/grad_norm", "train/tokens_per_s", "train/mfu", "train/lr",
-             *FORECAST.values(), *(k for k in keys if k.startswith("eval/") or k.startswith("train/lr/"))]
+             *FORECAST.values(), "forecast/residual", "forecast/z", *(k for k in keys if k.startswith("eval/") or k.startswith("train/lr/"))]
     series = _histories(client, run_id, [k for k in dict.fromkeys(plain) if k in keys])
     dropped = {int(m.group(1)): history(client, run_id, k) for k in keys if (m := LAYER.match(k))}
     dropped = {i: s for i, s in dropped.items() if s is not None}
@@ -262,16 +347,18 @@ def run_html(client, run, run_dir: Path | None) -> str:
         dropped = {-1: history(client, run_id, "train/dropped_frac")}  # only the mean was logged
 
     loss = series.get("train/loss")
-    total = next((params[k] for k in ("train.stop_after", "schedule.horizon_steps", "train.steps")
+    total = next((params[k] for k in ("schedule.horizon_steps", "train.steps")  # N / M: stop_after stops short of M
                   if str(params.get(k, "None")).isdigit()), "?")
     overrides = json.loads(tags.get("overrides", "[]") or "[]")
     summary = [
         ("run", f"{run.info.run_name} ({run_id})"),
-        ("state", run.info.status),
+        ("state", run.info.status + (f" ({tags['ended']})" if tags.get("ended") else "")),  # how it ended (trainer)
         ("started / ended", f"{_when(run.info.start_time) or '–'} / {_when(run.info.end_time) or '–'}"),
         ("steps", f"{int(loss[0][-1]) if loss is not None else '–'} / {total}"),
         ("final train loss", _num(_final(loss))),
         ("final eval/macro_loss", _num(_final(series.get("eval/macro_loss")))),
+        ("forecast", forecast_verdict(series, tags)),
+        ("MLflow", mlflow_link(client.tracking_uri, run.info.experiment_id, run_id)),
         ("tokens/s (median, 2nd half)", _num(_median_late(series.get("train/tokens_per_s")), ",.0f")),
         ("MFU (median, 2nd half)", _num(_median_late(series.get("train/mfu")), ".2%")),
         ("model / router / hardware", f"{tags.get('model', '?')} / {tags.get('router', '?')} / {tags.get('hardware', '?')}"),
@@ -303,6 +390,10 @@ def run_html(client, run, run_dir: Path | None) -> str:
         _section("throughput", "Throughput", "".join(filter(None, (plot_lines(throughput, "tokens/s", log=True),
                                                                    plot_lines(mfu, "MFU"))))),
     ]
+    whole, chain = stitched(client, run_id, tags) if tags.get("forked_from") else (None, [])
+    if whole is not None:  # a fork: the loss of its lineage, each step from the run in force then
+        sections.insert(2, _section("lineage", "Lineage (train/loss stitched across forks)",
+                                    _table([(line,) for line in chain]) + (plot_lines({"train/loss": whole}, "loss") or "")))
     return _page(f"run {run.info.run_name}", sections)
 
 
@@ -354,8 +445,8 @@ def sweep_html(client, parent) -> str:
     sections = [
         _section("summary", "Summary", _table(summary)),
         _section("jobs", "Jobs side by side", jobs if rows else None, missing="no jobs yet"),
-        _section("losses", "Training loss", plot_lines(losses, "train/loss")),
-        _section("eval-losses", "Evaluation loss", plot_lines(evals, "eval/macro_loss")),
+        _section("losses", "Training loss", plot_lines(losses, "train/loss (log scale)", log=True)),
+        _section("eval-losses", "Evaluation loss", plot_lines(evals, "eval/macro_loss (log scale)", log=True)),
     ]
     return _page(f"sweep {tags.get('sweep')} ({tags.get('sweep_id')})", sections)
 

@@ -118,6 +118,20 @@ def scan_environment(environ=None) -> None:
             remember(value, ENV_MIN_LENGTH)
 
 
+# `${oc.env:NAME}` / `${oc.env:NAME,default}` in an override: the environment variable it reads.
+_OC_ENV = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _env_references(value: str, environ=None) -> None:
+    """Remember the values of the secret-named variables `value` pulls in with ``${oc.env:…}``,
+    however short: whoever wrote it chose that variable as a secret, so ENV_MIN_LENGTH's excuse
+    (an unrelated variable that merely looks secret) does not hold."""
+    environ = os.environ if environ is None else environ
+    for name in _OC_ENV.findall(value):
+        if looks_secret(name) and environ.get(name):
+            remember(environ[name])
+
+
 def _split(override: str) -> tuple[str, str, str]:
     key, sep, value = override.partition("=")
     return key.lstrip("+~"), sep, value
@@ -129,6 +143,7 @@ def scan_overrides(overrides) -> None:
         key, sep, value = _split(str(o))
         if not sep:
             continue
+        _env_references(value)
         if looks_secret(key.rsplit(".", 1)[-1]):
             remember(value.strip("'\""))
             continue
@@ -176,6 +191,27 @@ def redact_override(override: str) -> str:
     if sep and looks_secret(key.rsplit(".", 1)[-1]):
         return f"{override.partition('=')[0]}={REDACTED}"
     return mask(override)
+
+
+# `NAME=value`, `NAME: value`, `"NAME": "value"` (shell, .env, YAML, JSON, Python) anywhere in a line.
+_ASSIGNMENT = re.compile(r"""(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<quote>['"]?)(?P<sep>\s*(?::|=|:=)\s*)"""
+                         r"""(?P<open>['"]?)(?P<value>[^\s'"]+)""")
+
+
+def mask_assignments(text: str) -> str:
+    """`text` (a diff, a file) with the value of every assignment to a secret-looking name
+    <redacted>: an uncommitted ``HF_TOKEN=hf_abc`` in a tracked file, whose value no config or
+    environment told us. The values are not remembered (in code ``api_key: str`` assigns no
+    secret); then `mask` as everywhere."""
+    if not isinstance(text, str) or not text:
+        return text
+
+    def redact_value(m: re.Match) -> str:
+        if not looks_secret(m.group("name")) or m.group("value") == REDACTED:
+            return m.group(0)
+        return m.group(0)[: m.start("value") - m.start()] + REDACTED
+
+    return mask(_ASSIGNMENT.sub(redact_value, text))
 
 
 def safe_uri(uri: str) -> str:

@@ -32,9 +32,21 @@ from marin.track.errors import first_line
 
 log = logging.getLogger("marin.track")
 
+SYSTEM_METRICS_S = 10.0   # seconds between samples of the machine's CPU/GPU/memory (tracking.system_metrics)
 UNSENT = "unsent_metrics.jsonl"
 METRICS = "metrics.jsonl"  # every logged metric, one JSON object a line (key, value, step, timestamp)
 STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow's UI draws a run's charts in sections (a metric's name up to its last "/") sorted by code
+# point: bookkeeping (time spent, data read, checkpoint markers) is filed under usage/ so that the
+# train/ and eval/ sections come first. Loggers use the short names; the run records these.
+BOOKKEEPING, BOOKKEEPING_PREFIX = ("time/", "data/", "checkpoint/"), "usage/"
+
+
+def tracked_name(key: str) -> str:
+    """The name a metric is recorded under: `time/eval_s` → `usage/time/eval_s`; others as given."""
+    return BOOKKEEPING_PREFIX + key if key.startswith(BOOKKEEPING) else key
+
+
 _STOP = object()  # the sender thread's last job
 
 
@@ -46,11 +58,16 @@ class Tracker:
     end_timeout_s = 30.0      # how long `finish` waits for the sender (a frozen store) before spilling
     report_timeout_s = 300.0
 
-    def __init__(self, record, process_index: int = 0, flush_every_s: float = 5.0, run_dir: Path | None = None):
+    def __init__(self, record, process_index: int = 0, flush_every_s: float = 5.0, run_dir: Path | None = None,
+                 system_metrics_s: float | None = None):
         # `record`: a RunRecord, or the Future of one (a new local run's MLflow run, being made by the
         # tracking process while JAX starts; `run_dir` is its directory, there already): calls are
         # taken at once and sent once it exists. If it cannot be made, they are dropped.
+        # `system_metrics_s`: the tracking process samples this machine's use every that many
+        # seconds into the run (`system/…`, MLflow's monitor); None: not at all.
         self._record = record
+        self.system_metrics_s = system_metrics_s
+        self._watching = False            # the tracking process watches the run (a fresh one is told again)
         self.enabled = process_index == 0 and record is not None
         self.run_dir = Path(run_dir) if run_dir is not None else getattr(record, "run_dir", None)
         self.flush_every_s = max(flush_every_s, 0.05)
@@ -85,7 +102,7 @@ class Tracker:
                     log.warning("metric %s=%r is not a number: not logged", key, value)
                     self._warned_values = True
                 continue
-            rows.append((str(key), value, now, int(step)))
+            rows.append((tracked_name(str(key)), value, now, int(step)))
         self._keep_local(rows)
         with self._lock:
             self._metrics.extend(rows)
@@ -221,6 +238,7 @@ class Tracker:
                             "send it later with: python -m marin.track.tracker %s", self.record.run_id, status,
                             self.run_dir)
         if done.is_set():  # ended, left open on purpose, or its status kept unsent: no longer watched
+            self._watching = False
             self._attempt_quietly(worker.release)
         elif self._worker is not None:
             self._worker.kill()  # stuck on the store: what it did not send is in the run directory
@@ -260,7 +278,7 @@ class Tracker:
 
     def _reopen(self) -> None:
         """A resumed run is RUNNING again; a status an earlier attempt left unsent is superseded."""
-        self._attempt(worker.watch)
+        self._watching = self._attempt(worker.watch, self.system_metrics_s)
         if self._attempt(worker.reopen):
             with _INFO_LOCK:
                 if self.record.info().get("status_unsent"):
@@ -298,7 +316,12 @@ class Tracker:
     def _connect(self) -> None:
         if self.record.tracking_uri.startswith(("http://", "https://")):
             backend.check_reachable(self.record.tracking_uri, timeout=2.0)  # fail fast, not after retries
-        self._worker = worker.Worker.get()  # a fresh one if the last one died
+        current = worker.Worker.get()  # a fresh one if the last one died
+        if current is not self._worker and self._watching:
+            # the one that died was watching the run: its successor must, or a trainer killed
+            # from now on would leave the run RUNNING
+            current.call(worker.watch, self.record.tracking_uri, self.record.run_id, self.system_metrics_s)
+        self._worker = current
 
     def _attempt(self, fn, *args) -> bool:
         """One call `fn(uri, run_id, *args)` in the tracking process (text, artifact, status); a
@@ -336,7 +359,8 @@ class Tracker:
             self._connect()
             self._worker.call(worker.write_report, self.record)
         except Exception as err:  # a report is a convenience: the run's outcome stands without it
-            log.warning("run report not written (%s)", secrets.mask(first_line(err)))
+            log.warning("run report not written (%s); once the store answers: python -m marin.track.tracker %s",
+                        secrets.mask(first_line(err)), self.run_dir)
 
     def _away(self, err: Exception) -> None:
         if not self._outage:
@@ -383,7 +407,19 @@ def send_unsent(record: run_record.RunRecord) -> int:
     return sent
 
 
+def catch_up(record: run_record.RunRecord) -> tuple[int, Path | None]:
+    """Once the store is back: `send_unsent`, then the report the run's end could not draw (it
+    reads the metrics back from MLflow). Returns (metrics sent, the report written or None)."""
+    sent = send_unsent(record)
+    from marin.track import report  # matplotlib: only when a report is drawn
+
+    if (record.run_dir / report.REPORT).is_file():
+        return sent, None
+    return sent, report.write_run_report(record)
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m marin.track.tracker <run directory or MLflow run id>")
-    print(f"sent {send_unsent(run_record.open(sys.argv[1]))} metrics")
+    sent, drawn = catch_up(run_record.open(sys.argv[1]))
+    print(f"sent {sent} metrics" + (f"; report {drawn}" if drawn else ""))

@@ -124,6 +124,7 @@ class Worker:
 # ---------------------------------------------------------------------------- in the worker
 
 _watched: dict = {}        # {"uri", "run_id"}: the run to end FAILED if the trainer dies
+_monitor: dict = {}        # {"run_id", "monitor"}: MLflow's system-metrics monitor of the watched run
 _clients: dict = {}
 
 
@@ -133,11 +134,41 @@ def client(uri: str):
     return _clients[uri]
 
 
-def watch(uri: str, run_id: str) -> None:
+def watch(uri: str, run_id: str, system_metrics_s: float | None = None) -> None:
+    """Watch the run (see the module docstring); with `system_metrics_s`, also log this machine's
+    CPU, memory, disk, network and GPU use to it every that many seconds (MLflow's own monitor,
+    metrics `system/…`, continuing the steps of an earlier attempt). Here, not in the trainer: a
+    thread sampling psutil and NVML would take the training process's interpreter lock."""
     _watched.update(uri=uri, run_id=run_id)
+    if system_metrics_s and _monitor.get("run_id") != run_id:
+        _stop_monitor()
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # needs psutil
+            # its "Started/Stopping/Successfully terminated monitoring" INFO lines are noise on the console
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=system_metrics_s, resume_logging=True,
+                                           tracking_uri=uri)
+            monitor.start()
+            _monitor.update(run_id=run_id, monitor=monitor)
+        except Exception as err:  # noqa: BLE001 — no psutil, say: the run goes on without them
+            log.warning("system metrics not logged (%s)", secrets.mask(first_line(err)))
+
+
+def _stop_monitor(wait_s: float = 5.0) -> None:
+    """Stop the monitor and send its last samples, waiting at most `wait_s`: against a store that
+    went away its thread sits in MLflow's retries for minutes, and the trainer's `finish` waits
+    on this call."""
+    monitor = _monitor.pop("monitor", None)
+    _monitor.clear()
+    if monitor is not None:
+        stopping = threading.Thread(target=monitor.finish, name="marin-system-metrics-stop", daemon=True)
+        stopping.start()
+        stopping.join(wait_s)
 
 
 def release() -> None:
+    _stop_monitor()
     _watched.clear()
 
 
@@ -174,6 +205,8 @@ def reopen(uri: str, run_id: str) -> None:
 
 def end(uri: str, run_id: str, status: str) -> None:
     """End the run, and close its sweep's parent run if this was the sweep's last job."""
+    if _monitor.get("run_id") == run_id:
+        _stop_monitor()
     client(uri).set_terminated(run_id, status)
     parent_id = client(uri).get_run(run_id).data.tags.get("mlflow.parentRunId")
     if parent_id:
@@ -193,6 +226,7 @@ def write_report(rec: record.RunRecord) -> None:
 
 def _end_if_running() -> None:
     """The trainer is gone without releasing its run: the run ends FAILED."""
+    _stop_monitor(wait_s=0.0)  # its thread ends with this process
     if not _watched:
         return
     uri, run_id = _watched["uri"], _watched["run_id"]

@@ -7,12 +7,17 @@ not give them). Orbax writes each step into a temporary directory and renames it
 process has finished, so a half-written checkpoint is never listed, let alone restored.
 Retention: the last `keep_last`, plus every multiple of `permanent_every` forever.
 
-Integrity: each step directory carries `marin_manifest.json`, the sha256 of every file in it,
-written by process 0 after orbax has finalized the items and before it renames the temporary
-directory (orbax's post-finalization callback), so a committed checkpoint has its manifest from
-the first moment it is listed. `restore` checks it: a checkpoint whose own bytes differ is set
-aside as `<step>.corrupt` (never deleted) and the one before it is used. A checkpoint without a
-manifest (written before manifests existed) is restored unverified, with a warning.
+Integrity (marin/train/manifest.py): once orbax has committed a step, every process hashes the
+files it wrote, on a thread pool in the background, into `manifest.<process>.json`; the step's
+meta records how many manifests it has. A checkpoint counts only when all of them exist
+(`listed_steps`, `restore`), and retention keeps the newest one that every process has sealed
+until its successor is sealed too. `restore` verifies them, each process its share, in parallel:
+a checkpoint whose own bytes differ is set aside as `<step>.corrupt` (never deleted) and the one
+before it is used; one that lacks a manifest it was written with (a save killed before it was
+sealed, or a deleted manifest) is left in place, not restored, with a warning naming what is
+missing, and the one before it is used. Only a checkpoint whose meta records no manifests and
+that has none (written before manifests existed) is restored unverified, with a warning; one with
+process 0's single `marin_manifest.json` (the previous version) is verified against it.
 
 Nothing else renames a checkpoint: a state whose structure differs from the checkpoint's (a
 config that changed the model or the optimizer) raises `StructureMismatch`, checked from orbax's
@@ -22,18 +27,17 @@ Every process calls `save` and `restore` together (each writes and reads its own
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
-import json
 import logging
+import threading
 import time
 from pathlib import Path
+from typing import Callable
+
+from marin.train import manifest
 
 log = logging.getLogger("marin.checkpoint")
-
-MANIFEST = "marin_manifest.json"
-# Orbax rewrites these at the rename (commit time stamps, markers); they hold no train state.
-UNHASHED = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 class NoCheckpointError(FileNotFoundError):
@@ -58,32 +62,55 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def listed_steps(directory: str | Path) -> list[int]:
-    """The committed checkpoint steps in a checkpoints directory, as orbax lists them (a step is
-    a folder named by its integer; a save in flight is a temporary folder, a damaged one set aside
-    is `<step>.corrupt`), oldest first. Pure Python: no JAX, so validation can call it."""
+    """The checkpoints that count in a checkpoints directory, oldest first: committed (a step is a
+    folder named by its integer; a save in flight is a temporary folder, a damaged one set aside
+    is `<step>.corrupt`) and sealed (every process's manifest there, or from before manifests).
+    Pure Python: no JAX, so validation can call it."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isdigit() and p.is_dir() and manifest.complete(p))
 
 
-def _open_manager(directory: Path, ckpt_cfg=None, read_only: bool = False, on_finalized=None):
+@dataclasses.dataclass
+class _KeepNewestSealed:
+    """Orbax preservation rule: keep the newest checkpoint that every process has sealed, so that
+    retention never removes the last verified checkpoint while its successor is still unsealed."""
+
+    newest: Callable[[], int | None]
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        keep = self.newest()
+        return [c.step == keep for c in checkpoints]
+
+
+def _retention(ckpt_cfg, newest_sealed: Callable[[], int | None]):
+    """`keep_last` newest (0: all), every multiple of `permanent_every`, and the newest sealed one."""
+    from orbax.checkpoint import checkpoint_managers as cm
+
+    rules = [cm.LatestN(n=ckpt_cfg.keep_last or None)]
+    if newest_sealed is not None:
+        rules.append(_KeepNewestSealed(newest_sealed))
+    if ckpt_cfg.permanent_every > 0:
+        rules.append(cm.EveryNSteps(ckpt_cfg.permanent_every))
+    return cm.AnyPreservationPolicy(rules)
+
+
+def _open_manager(directory: Path, ckpt_cfg=None, read_only: bool = False, newest_sealed=None):
     import orbax.checkpoint as ocp
 
     if read_only:  # orbax warns that a read-only manager is read-only
         logging.getLogger("absl").setLevel(logging.ERROR)
-    use_async = bool(ckpt_cfg.async_save) if ckpt_cfg else False
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=ckpt_cfg.keep_last if ckpt_cfg and ckpt_cfg.keep_last > 0 else None,
-        keep_period=ckpt_cfg.permanent_every if ckpt_cfg and ckpt_cfg.permanent_every > 0 else None,
-        enable_async_checkpointing=use_async,
-        # Runs on process 0 after the items are finalized, before the directory is renamed.
-        async_options=ocp.AsyncOptions(post_finalization_callback=on_finalized) if use_async and on_finalized else None,
+        preservation_policy=_retention(ckpt_cfg, newest_sealed) if ckpt_cfg and not read_only else None,
+        enable_async_checkpointing=bool(ckpt_cfg.async_save) if ckpt_cfg else False,
         create=not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,   # leftovers of a save that was killed
     )
-    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    # The meta's file name is fixed here: manifest.META_FILE reads it without orbax.
+    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(filename="metadata")}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)  # handlers: metadata readable
 
 
@@ -108,52 +135,31 @@ def abstract_state(cfg):
 
 # ---------------------------------------------------------------------------- integrity
 
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+OK, DAMAGED, UNSEALED = 0, 1, 2   # a checkpoint's verdict; the largest any process finds wins
 
 
-def write_manifest(step_dir: Path) -> None:
-    """sha256 of every file of a finalized step directory, into `marin_manifest.json`."""
-    files = sorted(p for p in step_dir.rglob("*")
-                   if p.is_file() and p.name != MANIFEST and str(p.relative_to(step_dir)) not in UNHASHED)
-    manifest = {"algorithm": "sha256", "files": {str(p.relative_to(step_dir)): _sha256(p) for p in files}}
-    tmp = step_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=0))
-    tmp.replace(step_dir / MANIFEST)
-
-
-def damage(step_dir: Path) -> str | None:
-    """What is wrong with the bytes of a checkpoint (None: they match its manifest, or it has
-    none — see `has_manifest`)."""
-    path = step_dir / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        files = json.loads(path.read_text())["files"]
-    except (ValueError, KeyError, OSError) as err:
-        return f"its manifest is unreadable ({err})"
-    for name, digest in files.items():
-        f = step_dir / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if _sha256(f) != digest:
-            return f"{name} does not match its sha256"
-    return None
-
-
-def _damage_agreed(step_dir: Path) -> str | None:
-    """`damage` as process 0 sees it, the same answer on every process."""
+def _verdict(step_dir: Path) -> tuple[int, str | None]:
+    """This process's verdict on a checkpoint: UNSEALED (a manifest it was written with is
+    missing: nothing to verify against), DAMAGED (bytes that differ from this process's share of
+    the manifests) or OK; the same answer on every process (agreed by one small collective)."""
     import jax
 
-    problem = damage(step_dir) if jax.process_index() == 0 else None
+    gone = manifest.missing(step_dir)
+    if gone:
+        verdict, problem = UNSEALED, (f"it lacks {', '.join(gone)} (of the {manifest.expected(step_dir)} "
+                                      "per-process manifests it was written with)")
+    else:
+        problem = manifest.damage(step_dir, jax.process_index(), jax.process_count())
+        verdict = DAMAGED if problem else OK
     if jax.process_count() > 1:
         import numpy as np
         from jax.experimental import multihost_utils
 
-        bad = multihost_utils.broadcast_one_to_all(np.array(problem is not None))
-        problem = (problem or "damaged (see process 0)") if bool(bad) else None
-    return problem
+        verdicts = np.asarray(multihost_utils.process_allgather(np.int32(verdict))).reshape(-1)
+        worst = int(verdicts.max())
+        if worst != verdict:
+            verdict, problem = worst, f"found by process {int(verdicts.argmax())}: see its log"
+    return verdict, problem
 
 
 # ---------------------------------------------------------------------------- structure
@@ -211,15 +217,15 @@ def _structure_problem(manager, step: int, template) -> list[str] | None:
     return differences(saved, template)
 
 
-def check_structure(run_dir: str | Path, template) -> None:
-    """Raise StructureMismatch if the newest checkpoint with readable metadata differs from
-    `template` (a state or `abstract_state(cfg)`). Reads metadata only; writes nothing."""
+def check_structure(run_dir: str | Path, template, step: int | None = None) -> None:
+    """Raise StructureMismatch if the newest checkpoint with readable metadata (or `step`'s: a
+    fork's) differs from `template` (a state or `abstract_state(cfg)`). Reads metadata only."""
     directory = checkpoint_dir(run_dir)
     if not directory.is_dir():
         return
     manager = _open_manager(directory, read_only=True)
     try:
-        for step in sorted(manager.all_steps(), reverse=True):
+        for step in [step] if step is not None else sorted(manager.all_steps(), reverse=True):
             diffs = _structure_problem(manager, step, template)
             if diffs is None:
                 continue
@@ -258,7 +264,7 @@ def set_aside_steps(directory: Path) -> list[str]:
 
 def _restore_newest(manager, template, where: str, set_aside: bool = True, at_most: int | None = None):
     """Restore the newest intact step (at or below `at_most` when given); older ones if the
-    newest's bytes are damaged.
+    newest's bytes are damaged (set aside) or cannot be verified (a manifest missing: left in place).
 
     Returns (state, meta, the step directory it came from)."""
     import orbax.checkpoint as ocp
@@ -271,21 +277,29 @@ def _restore_newest(manager, template, where: str, set_aside: bool = True, at_mo
         raise NoCheckpointError(f"no complete checkpoint in {where}"
                                 + (f" (set aside as damaged: {', '.join(aside)})" if aside else ""))
     args = ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(template)), meta=ocp.args.JsonRestore())
+    damaged, unsealed = [], []
     for i, step in enumerate(steps):
         step_dir = Path(manager.directory) / str(step)
         older = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older one left"
-        problem = _damage_agreed(step_dir)
-        if problem:
+        verdict, problem = _verdict(step_dir)
+        if verdict == UNSEALED:   # maybe sound, but unverifiable: never restored, never renamed
+            log.warning("checkpoint %s cannot be verified: %s; not restored, left in place; %s",
+                        step_dir, problem, older)
+            unsealed.append(step)
+            continue
+        if verdict == DAMAGED:
             log.warning("checkpoint %s is damaged (%s); %s", step_dir, problem, older)
+            damaged.append(step)
             if set_aside:
                 _set_aside(manager, step)
             continue
-        verified = (step_dir / MANIFEST).is_file()
+        verified = manifest.kind(step_dir) != "none"
         diffs = _structure_problem(manager, step, template)
         if diffs:
             raise StructureMismatch(str(step_dir), diffs)
         if not verified:
-            log.warning("checkpoint %s has no %s (written before manifests): restored unverified", step_dir, MANIFEST)
+            log.warning("checkpoint %s has no manifest and its meta records none (written before manifests): "
+                        "restored unverified", step_dir)
         try:
             restored = manager.restore(step, args=args)
         except Exception as err:
@@ -297,8 +311,9 @@ def _restore_newest(manager, template, where: str, set_aside: bool = True, at_mo
         if i:
             log.warning("restored step %d instead of the newest checkpoint %d", step, steps[0])
         return restored.state, meta, step_dir
-    raise NoCheckpointError(f"no intact checkpoint in {where} (tried steps {steps}; damaged ones set aside)"
-                            if set_aside else f"no intact checkpoint in {where} (tried steps {steps})")
+    why = [f"damaged: {', '.join(map(str, damaged))}" + (" (set aside)" if set_aside else "")] if damaged else []
+    why += [f"a manifest missing, left in place: {', '.join(map(str, unsealed))}"] if unsealed else []
+    raise NoCheckpointError(f"no intact checkpoint in {where} (tried steps {steps}; {'; '.join(why)})")
 
 
 class Checkpointer:
@@ -312,24 +327,30 @@ class Checkpointer:
         self.directory = checkpoint_dir(run_dir)
         self._clock = clock
         self._last_save = clock()
-        self._saving: int | None = None       # the step of the save in flight (sealed on finalize)
         self.restored_from: Path | None = None
-        self._primary = jax.process_index() == 0
+        self._process = (jax.process_index(), jax.process_count())
+        self._sealer: threading.Thread | None = None   # hashes the save in flight once orbax commits it
+        self._seal_error: BaseException | None = None
+        self._sealed_here: int | None = None   # this process wrote its manifest; the others' not yet agreed
+        self.newest_sealed: int | None = None    # every process's manifest written (retention keeps it)
 
     @functools.cached_property
     def _manager(self):
         """Orbax's manager, opened at the first save or restore (importing orbax takes a quarter of
         a second; a fresh run's loop imports it in the background while its first steps run)."""
-        return _open_manager(self.directory, self.cfg, on_finalized=self._seal_in_flight)
+        return _open_manager(self.directory, self.cfg, newest_sealed=lambda: self.newest_sealed)
 
-    def _seal_in_flight(self) -> None:
-        """Orbax's post-finalization callback (process 0, background thread): the manifest goes
-        into the still-temporary directory, so it is committed by the same rename."""
-        step = self._saving
-        if step is None:
-            return
-        candidates = [p for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*") if p.is_dir()]
-        write_manifest(candidates[0] if len(candidates) == 1 else self.directory / str(step))
+    def _seal(self, step: int) -> None:
+        """Once orbax has committed `step` (every process's shards, renamed into place), hash the
+        files this process wrote into its manifest. Runs on the sealer thread for an async save."""
+        try:
+            self._manager.wait_until_finished()
+            t0 = time.perf_counter()
+            path = manifest.write(self.directory / str(step), *self._process)
+            log.debug("checkpoint %d sealed: %s in %.1f s", step, path.name, time.perf_counter() - t0)
+            self._sealed_here = step
+        except BaseException as err:  # raised on the training thread, by wait()
+            self._seal_error = err
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step (None if there is none)."""
@@ -367,47 +388,70 @@ class Checkpointer:
 
         if not (force or self.should_save(step)):
             return False
+        self._agree_sealed()   # the previous save sealed everywhere: retention may count on it
         if step in self._manager.all_steps():
+            if not manifest.complete(self.directory / str(step)):
+                log.warning("checkpoint %s exists without all its manifests (left in place); not saved again",
+                            self.directory / str(step))
             return False  # already saved (e.g. a forced save right after a regular one)
         horizon = self.run_cfg.schedule.horizon_steps or self.run_cfg.train.steps
         # Batches are a pure function of the step and the mixture history: `data_position` is the
         # step; each source's read position is in meta["data"] (the Loader's rows drawn per phase).
         # The RNG is a pure function of the seed and the step (the state holds no key of its own).
+        # `manifests`: how many per-process manifests seal it, so one that goes missing is noticed.
         meta = {"data_position": int(step), "horizon": horizon, "rng_seed": self.run_cfg.train.seed,
-                **meta, "step": int(step)}
+                **meta, "step": int(step), manifest.META_KEY: self._process[1]}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        self._manager.wait_until_finished()   # orbax waits for the previous save anyway
-        self._saving = int(step)
         started = bool(self._manager.save(step, args=args, force=True))
         self._last_save = self._clock()
-        if started and not self.cfg.async_save:
-            self._seal_sync(step)
+        if started and self.cfg.async_save:   # hashed off the training thread, after orbax's commit
+            self._sealer = threading.Thread(target=self._seal, args=(int(step),), name=f"marin-seal-{step}", daemon=True)
+            self._sealer.start()
+        elif started:
+            self._seal(int(step))
+            self._raise_seal_error()
         return started
 
-    def _seal_sync(self, step: int) -> None:
-        import jax
+    def _raise_seal_error(self) -> None:
+        err, self._seal_error = self._seal_error, None
+        if err is not None:
+            first = (str(err).splitlines() or [""])[0][:300]
+            raise CheckpointError(f"a checkpoint in {self.directory} was committed but not sealed "
+                                  f"(its manifest was not written: {type(err).__name__}: {first})") from err
 
-        if self._primary:
-            write_manifest(self.directory / str(step))
-        if jax.process_count() > 1:
+    def _agree_sealed(self) -> None:
+        """Wait for the save in flight and its manifest; then (one barrier) every process has
+        written its own, and `newest_sealed` moves to that step on all of them alike."""
+        self.wait()
+        if self._sealed_here is None:
+            return
+        if self._process[1] > 1:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices(f"marin-checkpoint-sealed-{step}")
+            multihost_utils.sync_global_devices(f"marin-checkpoint-sealed-{self._sealed_here}")
+        self.newest_sealed, self._sealed_here = self._sealed_here, None
 
     def restore(self, template_state) -> tuple[object, dict]:
         """The newest intact checkpoint as (state, meta); `template_state` gives the structure,
-        shapes and shardings. A damaged newest checkpoint is set aside with a warning."""
-        self.wait()
+        shapes and shardings. A damaged newest checkpoint is set aside with a warning; one that lacks
+        a manifest is left in place, with a warning; either way the one before it is tried."""
+        self._agree_sealed()
         state, meta, self.restored_from = _restore_newest(self._manager, template_state, str(self.directory))
+        self.newest_sealed = int(self.restored_from.name)
         return state, meta
 
     def wait(self) -> None:
-        """Block until the pending asynchronous save is complete (committed on disk)."""
+        """Block until the pending save is committed on disk and sealed by this process."""
         if self._opened:
             self._manager.wait_until_finished()
+        if self._sealer is not None:
+            self._sealer.join()
+            self._sealer = None
+        self._raise_seal_error()
 
     def close(self) -> None:
         if self._opened:
+            self.wait()
             self._manager.close()
 
     @property

@@ -4,6 +4,10 @@
                    progress bar; expert-load snapshots; a non-finite loss stops
     Evaluator      `due(step)`, `run(step, state)`: eval losses, data counters, the forecast check
     (the Checkpointer, marin.train.checkpoint, is the third: `due(step, rolling)`, `save`)
+    confirm_forced a forced checkpoint (SIGUSR1, marin.train.preempt): waited for, verified, logged
+
+The MetricLogger also keeps the hang watchdog (marin.train.watchdog) informed: a completed step is
+a beat, and what it times as paused (eval, checkpoint) is slow work, not a hang.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import logging
 import math
 import sys
 import time
+from pathlib import Path
 
 from marin.model import accounting
 from marin.optim import lr_at
@@ -28,14 +33,26 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def peak_memory_gib() -> float | None:
+    """The highest device-memory high-water mark of this process's devices, in GiB; None where
+    the backend keeps none (CPU)."""
+    import jax
+
+    peaks = [s["peak_bytes_in_use"] for s in (d.memory_stats() or {} for d in jax.local_devices())
+             if "peak_bytes_in_use" in s]
+    return max(peaks) / 2**30 if peaks else None
+
+
 class MetricLogger:
     """`step(n, metrics)` logs optimizer step n, waiting for it to complete: a step's time runs
     from the previous step's completion to its own (waiting one step behind instead would time
     the dispatch wherever the device runs a step inline, as XLA:CPU does). `paused(name, n)` times
     what it wraps (eval, checkpoint) as `time/<name>_s` and keeps it out of the next step's time,
-    so train/tokens_per_s and train/mfu measure steps only."""
+    so train/tokens_per_s and train/mfu measure steps only. `watchdog` (marin.train.watchdog)
+    hears of each completed step and of each pause."""
 
-    def __init__(self, cfg, tracker, loads, start: int, stop: int, restored_from=None, enabled: bool = True):
+    def __init__(self, cfg, tracker, loads, start: int, stop: int, restored_from=None, enabled: bool = True,
+                 watchdog=None, total: int | None = None):
         import jax
 
 
@@ -44,14 +61,16 @@ class MetricLogger:
         self.tokens_per_step = cfg.train.seq_len * cfg.train.global_batch
         self.flops_per_step = 3 * accounting.flops_per_token(cfg) * self.tokens_per_step
         self.peak = cfg.hardware.peak_flops_per_device * jax.device_count()
-        self.progress = _Progress(start, stop, enabled)
+        self.progress = _Progress(start, total or stop, enabled)  # N/M: M the run's last step, past stop_after
         self.last_done = time.perf_counter()
         self.summary: dict = {}
+        self.watchdog = watchdog
 
     @contextlib.contextmanager
     def paused(self, name: str, n: int):
         began = time.perf_counter()
-        yield
+        with self.watchdog.slow() if self.watchdog else contextlib.nullcontext():
+            yield
         self.last_done = time.perf_counter()
         self.tracker.log_metrics({f"time/{name}_s": self.last_done - began}, n)
 
@@ -69,6 +88,8 @@ class MetricLogger:
 
 
         metrics = jax.device_get(metrics)  # waits for step n to complete
+        if self.watchdog is not None:
+            self.watchdog.beat(n)
         now = time.perf_counter()
         seconds, self.last_done = max(now - self.last_done, 1e-9), now
         values = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
@@ -81,6 +102,8 @@ class MetricLogger:
         row.update({"train/tokens_per_s": tps, "train/model_flops_per_s": self.flops_per_step / seconds})
         if self.peak > 0:
             row["train/mfu"] = self.flops_per_step / seconds / self.peak
+        if (peak := peak_memory_gib()) is not None:  # the A/B's peak memory (marin.ab); CPU devices keep none
+            row["train/peak_memory_gib"] = peak
         lrs = lr_at(self.cfg, n - 1)  # {group: lr} this update applied; train/lr is the Adam(W) one
         row["train/lr"] = lrs.get("adamw", lrs.get("adam"))
         if len(lrs) > 1:
@@ -99,6 +122,45 @@ class MetricLogger:
                     "resume from the one before it)")
         return (f"non-finite loss ({loss}) at step {n}: stopping. Lower optim.lr or check the data; the last "
                 "checkpoint is kept.")
+
+
+def confirm_forced(ckpt, step: int, tracker, write) -> bool:
+    """After a forced checkpoint's `save` (every process): wait until it is committed and sealed,
+    check this process's share of its bytes against its manifests (marin.train.manifest), agree on
+    the verdict (one small collective), and say it in run.log and on stderr (`write`, process 0)
+    with the MLflow tag `checkpoint.forced` = step and the metric `checkpoint/forced` (usage/…) at that step.
+    A failed check is said, not raised: the run trains on and the checkpoint is left as it is."""
+    import jax
+
+    from marin.train import manifest
+
+    began = time.perf_counter()
+    ckpt.wait()  # committed, and this process's manifest written
+    process, count = jax.process_index(), jax.process_count()
+    step_dir = Path(ckpt.directory) / str(step)
+    if not (step_dir / manifest.name(process)).is_file():
+        problem = f"{manifest.name(process)} is missing" if step_dir.is_dir() else "it was not written"
+    else:
+        problem = manifest.damage(step_dir, process, count)
+    if problem:
+        log.warning("forced checkpoint at step %d: process %d: %s", step, process, problem)
+    failed = [process] if problem else []
+    if count > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        bad = np.asarray(multihost_utils.process_allgather(np.int32(problem is not None))).reshape(-1)
+        failed = [int(p) for p in np.flatnonzero(bad)]
+    if process == 0:
+        if failed:
+            write(f"forced checkpoint at step {step} FAILED verification on process(es) {failed} "
+                  f"({problem or 'see their logs'}; {step_dir})")
+        else:
+            write(f"forced checkpoint at step {step} written and verified in {time.perf_counter() - began:.1f} s "
+                  f"({step_dir}); training continues")
+            tracker.set_tags({"checkpoint.forced": str(step)})
+            tracker.log_metrics({"checkpoint/forced": float(step)}, step)
+    return not failed
 
 
 class Evaluator:
@@ -130,6 +192,7 @@ class Evaluator:
         self.eval_step, self.loader, self.to_global = eval_step, loader, to_global
         self.tracker, self.write = tracker, write
         self.check = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
+        self.last: dict = {}  # the latest evaluation's losses: the run's summary line names them
 
     def due(self, step: int) -> bool:
         if step >= self.stop:
@@ -165,30 +228,43 @@ class Evaluator:
             self.write(f"step {step}: " + ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in losses.items()))
         self.tracker.log_metrics(losses, step)
         self.check(step, losses, self.write)
+        self.last = losses
         return losses
 
 
 class _Progress:
-    """A tqdm bar on stderr: step, loss, tokens/s and ETA (process 0 only)."""
+    """A tqdm bar on stderr: step N of the run's last step M, loss, tokens/s and ETA (process 0
+    only). It is drawn from the first completed step on, so the lines said before it (the run
+    directory, the MLflow run) are printed once, above it, not again inside its redraws."""
 
-    def __init__(self, start: int, stop: int, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=stop, initial=start, disable=not enabled, file=sys.stderr,
-                        unit="step", dynamic_ncols=True, mininterval=0.5)
+    def __init__(self, start: int, total: int, enabled: bool):
+        self.start, self.total, self.enabled = start, total, enabled
+        self.bar = None
         self.closed = False
 
     def update(self, n: int, loss: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.start, file=sys.stderr, unit="step", dynamic_ncols=True,
+                            mininterval=0.5)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         self.bar.update(n - self.bar.n)
 
     def write(self, line: str) -> None:
-        if not self.bar.disable:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
             self.bar.write(line, file=sys.stderr)
-            record.to_run_log(line)  # the eval lines belong in the run directory's log too
+        record.to_run_log(line)  # the eval lines belong in the run directory's log too
 
     def close(self) -> None:
-        if not self.bar.disable and self.bar.n > self.bar.initial and not self.closed:
+        if self.bar is not None and self.bar.n > self.bar.initial and not self.closed:
             record.to_run_log(str(self.bar))  # the bar's last state: steps, time, loss, tokens/s
         self.closed = True
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

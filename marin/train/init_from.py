@@ -1,14 +1,20 @@
 """`train.init_from=<run directory or MLflow run id>[@<step>]`: the checkpoint a run starts from.
 
-A stage experiment continues another run's state: the hero's 8K stage starts from the pretraining
-run at 50% (`train.init_from=<hero run>@195125`), the 65K stage near the end. Without `@<step>`
-the source's newest checkpoint is used; with it, the newest checkpoint at or below that step
-(checkpoints are taken every so many steps, so the asked step need not be one). `verify_steps`
-(marin/launch/verify.py) starts a window replay the same way.
+Without `@<step>` the source's newest checkpoint is used; with it, the newest checkpoint at or
+below that step (checkpoints are taken every so many steps, so the asked step need not be one).
+`train.init_from_mode` says what is taken from it:
 
-`locate` runs during validation, before anything is written: a malformed step, a source without
-checkpoints, or a step below its first checkpoint is a `train.init_from` error (exit 2). Pure
-Python: importing this module never imports JAX.
+    weights    (default) the parameters and the router state; the run then trains train.steps
+               new steps from step 0 with a fresh optimizer state, schedule and data order
+    continue   the whole train state and its step counter: the run goes on from that step to
+               train.steps on the source's schedule, as the hero's context-extension stages
+               (`train.init_from=<hero run>@195125`), a fork and a `verify_steps` window do
+
+Before anything is written: `problems` (validation, pure Python) refuses a malformed step, a
+source without checkpoints, a step below its first checkpoint, and in continue mode a run that
+would end at or before the restored step; `structure_problem` (launch, JAX) refuses a model or
+optimizer whose train state the checkpoint cannot fill. Each is one line, exit 2. Importing this
+module never imports JAX.
 """
 from __future__ import annotations
 
@@ -17,9 +23,12 @@ from pathlib import Path
 
 from marin.config.paths import project_path
 from marin.track import backend, record
-from marin.train.checkpoint import listed_steps
+from marin.train.checkpoint import StructureMismatch, check_structure, listed_steps, restore_from
 
 SEP = "@"
+# Not changes of what is trained: where a run lives, how it was launched, its lineage's own fields.
+NOT_CHANGES = ("run.", "tracking.", "train.init_from", "train.stop_after", "fork", "reproduce", "resume",
+               "dry_run", "wait", "verify", "data.root", "data.cache_dir")
 
 
 class InitFromError(ValueError):
@@ -39,6 +48,18 @@ class Start:
     def describe(self) -> str:
         asked = "the newest" if self.asked is None else f"asked {self.asked}"
         return f"init from {self.run_dir} step {self.step} ({asked})"
+
+    def changes(self, cfg) -> dict[str, list]:
+        """{dotted key: [source's value, this run's]} where `cfg` differs from the source run's
+        resolved config (bookkeeping left out): what a fork or a stage changed. {} without one."""
+        path = self.run_dir / record.RESOLVED
+        if not path.is_file():
+            return {}
+        import yaml  # the saved file is plain YAML (record.to_yaml)
+
+        old, new = record.flatten(yaml.safe_load(path.read_text()) or {}), record.flatten(record.config_dict(cfg))
+        return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+                if old.get(k) != new.get(k) and not k.startswith(NOT_CHANGES)}
 
 
 def split(spec: str) -> tuple[str, int | None]:
@@ -93,16 +114,62 @@ def _shown(steps: list[int]) -> str:
 
 def problems(cfg) -> list[tuple[str, str]]:
     """validate's check of `train.init_from`: its form always, its checkpoint unless a dry run
-    (a dry run plans on any machine, as for data paths)."""
+    (a dry run plans on any machine, as for data paths), and in continue mode that the run ends
+    above the restored step (else it would train nothing and still end FINISHED)."""
 
-    spec = cfg.train.init_from
-    if not spec:
+    t = cfg.train
+    if t.stage_start is not None and t.init_seq_len and t.init_from_mode != "continue":  # a stage's steps are the run's
+        return [("train.init_from_mode", "a context-extension stage (train.stage_start is set) continues its "
+                 f"source's step counter and schedule: set train.init_from_mode=continue; got {t.init_from_mode}")]
+    if not t.init_from:
         return []
     try:
         if cfg.dry_run:
-            split(spec)
-        else:
-            locate(spec, tracking_uri=backend.tracking_uri(cfg), out_dir=backend.out_dir(cfg))
+            split(t.init_from)
+            return []
+        start = locate(t.init_from, tracking_uri=backend.tracking_uri(cfg), out_dir=backend.out_dir(cfg))
     except InitFromError as err:
         return [("train.init_from", str(err))]
+    if t.init_from_mode == "continue" and (ends := _last_step(cfg))[1] <= start.step:
+        field, last = ends
+        return [(field, f"must be above step {start.step}, where train.init_from_mode=continue restores "
+                 f"{start.run_dir} (the step counter goes on from there: the run would train nothing); got {last}. "
+                 f"To train that many new steps from its weights: train.init_from_mode=weights")]
     return []
+
+
+def _last_step(cfg) -> tuple[str, int]:
+    """(the field that sets the run's last step, that step): stop_after, else the horizon."""
+    t, horizon = cfg.train, cfg.schedule.horizon_steps
+    field, last = ("schedule.horizon_steps", horizon) if horizon else ("train.steps", t.steps)
+    if t.stop_after is not None and t.stop_after < last:
+        return "train.stop_after", t.stop_after
+    return field, last
+
+
+def structure_problem(cfg) -> str | None:
+    """One line if the run's train state (its model and optimizer) cannot take the `init_from`
+    checkpoint, else None. Reads the checkpoint's metadata only (JAX: the state's shapes), so a
+    launch refuses before anything is written, as `resume=` does."""
+    from marin.train.checkpoint import abstract_state  # JAX
+
+    start = locate(cfg.train.init_from, backend.tracking_uri(cfg), backend.out_dir(cfg))
+    try:
+        check_structure(start.run_dir, abstract_state(cfg), step=start.step)
+    except StructureMismatch as err:
+        shown = "; ".join(err.differences[:3]) + (f" (+{len(err.differences) - 3} more)" if len(err.differences) > 3 else "")
+        return (f"train.init_from: checkpoint {err.where} does not fit this run's train state ({shown}): the model "
+                f"and the optimizer must have the source run's shapes; nothing was written")
+    return None
+
+
+def restore(cfg, state, start: Start):
+    """`state` (freshly initialised, laid out on the mesh) filled from checkpoint `start`:
+    (state, the checkpoint's meta or None, what record.json keeps). Weights mode keeps the fresh
+    step 0 and optimizer state (the checkpoint's are dropped) and no data position."""
+    restored, meta = restore_from(start.checkpoints, state, at_most=start.step)
+    step = int(restored.step)
+    if cfg.train.init_from_mode == "weights":
+        restored, meta = state.replace(params=restored.params, router_state=restored.router_state), None
+    info = {"run_dir": str(start.run_dir), "step": step, "asked": start.asked, "mode": cfg.train.init_from_mode}
+    return restored, meta, info

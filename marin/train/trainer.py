@@ -6,16 +6,19 @@ hands the step's metrics to the MetricLogger (which waits for them: the step's t
 preemption flag each say whether they act at that step (marin.train.components). Batches are a
 pure function of the step, so a resumed run sees exactly the batches an uninterrupted one would.
 
-Endings, decided in one place (`fit`): FINISHED; FAILED on an exception (a failed restore or
-set-up included); KILLED on SIGINT, or SIGTERM outside Slurm: checkpoint, one line with the
-resume= command, SystemExit(128 + signal); a second Ctrl-C: no checkpoint, exit 130. Under Slurm,
+Endings, decided in one place (`fit`): FINISHED (at the last step, or at train.stop_after: then
+"stopped"); FAILED on an exception (a failed restore or set-up included); KILLED on SIGINT, or
+SIGTERM outside Slurm: checkpoint, SystemExit(128 + signal); a second Ctrl-C: no checkpoint, exit
+130. Each ends with one summary line on stdout (marin.train.ending: how, final losses, directory,
+MLflow run, report, and the resume= command when unfinished) and the MLflow tag `ended`. Under Slurm,
 SIGTERM / SIGUSR2 checkpoint and requeue (SystemExit(0): the MLflow run stays open on purpose).
+SIGUSR1 is no ending: a forced checkpoint at the next step boundary, verified and logged. A hang
+ends the process from the watchdog's thread (`train.watchdog_minutes`, exit 124, marin.train.watchdog).
 """
 from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
 
@@ -23,15 +26,17 @@ from marin.config.paths import project_path
 from marin.data.loader import Loader
 from marin.model.mesh import make_mesh
 from marin.optim import build_optimizer
-from marin.track import backend, record, secrets
+from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
-from marin.track.tracker import Tracker
+from marin.track.tracker import SYSTEM_METRICS_S, Tracker
 from marin.train import init_from, preempt
-from marin.train.checkpoint import Checkpointer, restore_from
-from marin.train.components import Evaluator, MetricLogger
+from marin.train.checkpoint import Checkpointer
+from marin.train.components import Evaluator, MetricLogger, confirm_forced
+from marin.train.ending import Ending, summary_line
 from marin.train.state import batch_sharding, init_sharded
 from marin.train.step import hyperparams, jit_steps
+from marin.train.watchdog import Watchdog, hang_if_asked
 
 log = logging.getLogger("marin.train")
 
@@ -57,16 +62,17 @@ class RunNotMade(RuntimeError):
 class Trainer:
     """Trains the run of `rec` (a RunRecord). A new local run passes its prepared directory
     (record.Draft) as `rec` and the Future of its MLflow run as `registering`: the tracking
-    process makes that run while JAX starts and compiles; the loop looks for it at each step and
-    waits for it only where the run id is needed (a checkpoint names it) or at the end."""
+    process makes that run while JAX starts and compiles the first step; the loop waits for it
+    once that step is dispatched, so its line comes before the progress bar, printed once."""
 
     def __init__(self, cfg, rec, loader=None, on_restored=None, registering=None):
         import jax
 
         self.cfg, self.rec, self.loader, self.on_restored = cfg, rec, loader, on_restored
         self.registering = registering
-        self.tracker = Tracker(registering or rec, process_index=jax.process_index(), run_dir=rec.run_dir)
-        self.metrics = self.ckpt = self.loads = None
+        self.tracker = Tracker(registering or rec, process_index=jax.process_index(), run_dir=rec.run_dir,
+                               system_metrics_s=SYSTEM_METRICS_S if cfg.tracking.system_metrics else None)
+        self.metrics = self.ckpt = self.loads = self.watchdog = self.announced = None
 
     def _made(self, wait: bool) -> None:
         """Once a new local run's MLflow run exists (`wait`: wait for it), say so; RunNotMade if
@@ -78,7 +84,7 @@ class Trainer:
             self.rec = record.made(future.result(), self.rec)
         except Exception as err:  # noqa: BLE001 — one line for the user, not a traceback
             raise RunNotMade(first_line(err)) from None
-        line = f"mlflow run: {self.rec.run_id} ({secrets.safe_uri(self.rec.tracking_uri)})"
+        line = f"mlflow run: {self.rec.run_id} ({record.mlflow_link(self.rec)})"  # a server's: the run's page
         if self.metrics is not None:
             self.metrics.write(line)  # above the progress bar
         else:
@@ -87,61 +93,81 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the end (or `train.stop_after`); returns {step, loss, eval losses}."""
 
-        status, line = "FAILED", None  # what MLflow records if anything below raises
-        resume = f"continue with: python launch.py {shlex.quote(f'resume={self.rec.run_dir}')}"
+        status, ending = "FAILED", None  # what MLflow records if anything below raises
         try:
             summary = self._fit()
             status = "FINISHED"
+            ending = self._ending("finished" if self.stop >= self.total else "stopped", self.stop,
+                                  "" if self.stop >= self.total else "train.stop_after")
             return summary
         except Stopped as stop:
             status = "KILLED"
-            line = f"stopped by {signal.Signals(stop.signum).name} at step {stop.step} (checkpoint saved); {resume}"
+            ending = self._ending("killed", stop.step, f"{signal.Signals(stop.signum).name}, checkpoint saved")
             raise SystemExit(preempt.exit_code(stop.signum)) from None
         except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint, but a clean ending
             status = "KILLED"
-            line = f"interrupted without a checkpoint (the newest one is kept); {resume}"
+            ending = self._ending("killed", None, "a second Ctrl-C: no checkpoint, the newest one is kept")
             raise SystemExit(preempt.exit_code(signal.SIGINT)) from None
         except SystemExit as end:  # preempt.requeue(): 0 leaves the run open; past max_requeues, KILLED
             status = None if end.code == 0 else "KILLED"
+            ending = self._ending("requeued" if end.code == 0 else "killed", None,
+                                  "preempted" if end.code == 0 else "preempted past hardware.max_requeues")
+            raise
+        except RunNotMade:  # nothing was made: no run to sum up (run_local removes its directory)
+            raise
+        except Exception as err:
+            ending = self._ending("failed", None, type(err).__name__)
             raise
         finally:
-            self._end(status, line)
+            self._end(status, ending)
+
+    def _ending(self, how: str, step: int | None, why: str = "") -> Ending:
+        """How this invocation ended; `step` None: the last step logged (or restored)."""
+        if step is None:
+            step = self.metrics.summary.get("step", self.start) if self.metrics is not None else None
+        total = getattr(self, "total", None) or self.cfg.schedule.horizon_steps or self.cfg.train.steps
+        return Ending(how, step, total, why)
 
     def _fit(self) -> dict:
         state = self._setup()
         state = self._loop(state)
-        self._made(wait=True)
-        self.loads.save()
-        self.ckpt.save(self.stop, state, self.meta(self.stop), force=True)  # written while the final eval runs
-        with self.metrics.paused("eval", self.stop):
-            losses = self.evaluator.run(self.stop, state)
-        self.ckpt.wait()
+        with self.watchdog.slow():  # the last checkpoint and eval: slow work, not a hang
+            self._made(wait=True)
+            self.loads.save()
+            self.ckpt.save(self.stop, state, self.meta(self.stop), force=True)  # written while the final eval runs
+            with self.metrics.paused("eval", self.stop):
+                losses = self.evaluator.run(self.stop, state)
+            self.ckpt.wait()
         return self.metrics.summary | losses
 
     def _loop(self, state):
         batch = self.to_global(self.loader.batch(self.start))
         for step in range(self.start, self.stop):
             n = step + 1
+            hang_if_asked(self.cfg, n, self.rec.run_dir)  # debug.hang_at_step: the watchdog's test
             state, metrics = self.train_step(state, batch, self.hp)
             if n < self.stop:  # the next batch, made while the device runs this step
                 batch = self.to_global(self.loader.batch(n))
             if step == self.start:
                 _import_in_background("orbax.checkpoint")  # for the first save, while the device works
+            self._made(wait=step == self.start)  # its line comes before the progress bar (made as JAX compiled)
             self.metrics.step(n, metrics)  # waits for step n
-            self._made(wait=False)
-            signum, rolling = preempt.poll(self.ckpt.time_due())  # the same answer on every process
+            signum, save = preempt.poll(self.ckpt.time_due())  # the same answer on every process
             if self.evaluator.due(n):
                 with self.metrics.paused("eval", n):
                     self.evaluator.run(n, state)
-            if signum or self.ckpt.due(n, rolling):
+            if signum or self.ckpt.due(n, save):
                 with self.metrics.paused("checkpoint", n):
                     self.ckpt.save(n, state, self.meta(n), force=True)
+                    if save is preempt.Save.FORCED:  # SIGUSR1 (marin.ctl checkpoint): verified, logged
+                        confirm_forced(self.ckpt, n, self.tracker, self.metrics.write)
             if signum:
                 self._stop(signum, n)
         return state
 
     def _stop(self, signum: int, n: int) -> None:
-        self.ckpt.wait()
+        with self.watchdog.slow():
+            self.ckpt.wait()
         if preempt.requeues(signum):
             log.warning("preemption signal: checkpointed at step %d; requeueing", n)
             preempt.requeue()  # requeues and exits (SystemExit); the MLflow run stays open
@@ -172,6 +198,8 @@ class Trainer:
         logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
         preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
         process = jax.process_index()
+        self.announced = preempt.announce(rec.run_dir, process)  # marin.ctl finds this process here
+        self.watchdog = Watchdog.from_config(cfg, process, jax.process_count(), rec.run_dir)  # restore, compile: slow allowance
         mesh = make_mesh(cfg)
         self.loader = self.loader or Loader(cfg, process_index=process, process_count=jax.process_count())
         tx = build_optimizer(cfg)
@@ -183,13 +211,16 @@ class Trainer:
             state, saved = self.ckpt.restore(state)  # NoCheckpointError if every checkpoint is damaged
             self.loader.resume(int(state.step), saved)
             log.info("resumed from step %d (%s)", int(state.step), self.ckpt.restored_from)
-        elif cfg.train.init_from:  # a stage continuing another run (context extension), from <run>[@<step>]
+        elif cfg.train.init_from:  # another run's weights, or its whole state (init_from_mode), from <run>[@<step>]
             start_at = init_from.locate(cfg.train.init_from, rec.tracking_uri, backend.out_dir(cfg))
-            state, saved = restore_from(start_at.checkpoints, state, at_most=start_at.step)
-            self.loader.resume(int(state.step), saved)
-            log.info("init from %s step %d (%s)", start_at.run_dir, int(state.step),
-                     "the newest" if start_at.asked is None else f"asked {start_at.asked}")
-            initialised_from = {"run_dir": str(start_at.run_dir), "step": int(state.step), "asked": start_at.asked}
+            state, saved, initialised_from = init_from.restore(cfg, state, start_at)
+            if saved is not None:  # continue mode: every source goes on from its read position too
+                self.loader.resume(int(state.step), saved)
+            log.info("%s, %s mode: training steps %d…", start_at.describe(), cfg.train.init_from_mode, int(state.step) + 1)
+            initialised_from["changes"] = start_at.changes(cfg)
+            if cfg.fork:  # marin/launch/fork.py: what the fork changed, beside its forked_from tag
+                self.tracker.set_tags({"fork_changes": "; ".join(
+                    f"{k}: {a} → {b}" for k, (a, b) in initialised_from["changes"].items())[:4000] or "none"})
         if self.on_restored is not None:
             self.on_restored(int(state.step))
 
@@ -197,19 +228,23 @@ class Trainer:
         if initialised_from is not None:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
-        total = cfg.schedule.horizon_steps or cfg.train.steps  # a shortened horizon ends the run early
+        self.total = total = cfg.schedule.horizon_steps or cfg.train.steps  # a shortened horizon ends the run early
         self.start, self.stop = int(state.step), min(total, cfg.train.stop_after or total)
         self.loads = ExpertLoadLog(rec.run_dir, self.start, total, cfg.train.log_every, enabled=process == 0)
         self.metrics = MetricLogger(cfg, self.tracker, self.loads, self.start, self.stop, self.ckpt.restored_from,
-                                    enabled=process == 0)
+                                    enabled=process == 0, watchdog=self.watchdog, total=total)
         self.evaluator = Evaluator(cfg, eval_step, self.loader, self.to_global, self.tracker, self.metrics.write, self.stop)
         self.tracker.log_device_info()
         return state
 
-    def _end(self, status: str | None, line: str | None) -> None:
+    def _end(self, status: str | None, ending: Ending | None) -> None:
         """The one ending: close the components, end the MLflow run with `status` (None: leave it
-        open for the requeued job), say `line`, write the report."""
+        open for the requeued job) tagged with how it `ended`, write the report, then print the
+        summary line (marin.train.ending)."""
         try:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            preempt.withdraw(self.announced)
             if self.metrics is not None:
                 self.metrics.close()
             if self.loads is not None:
@@ -218,11 +253,33 @@ class Trainer:
                 self.ckpt.close()
         finally:
             if self.tracker is not None:
+                if ending is not None:
+                    self.tracker.set_tags({"ended": ending.describe()})
                 self.tracker.finish(status)
-            if line:
-                say(line)
             if status is not None and self.tracker is not None:
                 self.tracker.report()
+            if ending is not None and self.tracker is not None and self.tracker.enabled:
+                try:
+                    self._summarise(ending)
+                except Exception as err:  # noqa: BLE001 — the summary never changes how the run ended
+                    log.warning("no summary line (%s)", first_line(err))
+
+    def _summarise(self, ending: Ending) -> None:
+        """The run's last line, on stdout and in run.log: how it ended, its final losses, its
+        directory, MLflow run and report, and the resume= command when unfinished."""
+        try:
+            self._made(wait=False)
+        except RunNotMade:
+            pass
+        run_id = getattr(self.rec, "run_id", None)
+        losses = self.evaluator.last if getattr(self, "evaluator", None) is not None else {}
+        report = self.rec.run_dir / "report.html"
+        line = summary_line(ending, (self.metrics.summary if self.metrics is not None else {}).get("loss"),
+                            losses.get("eval/macro_loss"), self.rec.run_dir, run_id,
+                            record.mlflow_link(self.rec) if run_id else None, report if report.is_file() else None)
+        # A verify replay's stdout is the verdict (marin.launch.verify): its own ending goes to stderr.
+        print(line, file=sys.stderr if self.cfg.verify else sys.stdout, flush=True)
+        record.to_run_log(line)
 
 
 def _import_in_background(module: str) -> None:

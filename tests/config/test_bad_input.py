@@ -47,6 +47,9 @@ ONE_LINE = [
     # a dry run checks the data as a launch does (the files when data.root is here; the tokenizer)
     (["data.sources.0.kind=text", "data.sources.0.paths=[nope/*.txt]", "dry_run=true"], "data.sources[0].paths"),
     (["model.vocab_size=256", "dry_run=json"], "data.tokenizer"),
+    # run.name: a safe set of characters (it names a folder, a Slurm job and printed commands)
+    (["run.name='q$(touch x)'"], "run.name: must be a plain folder name"),
+    (["run.name=."], "run.name: must be a plain folder name"),
 ]
 
 

@@ -1,8 +1,8 @@
 """Every option of every group, every experiment and every sweep composes and validates."""
 import pytest
 
-from marin.config.store import options
 from marin.config.schema import GROUPS
+from marin.config.store import options
 from tests.helpers import make_config
 
 GROUP_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
@@ -19,6 +19,31 @@ def test_every_group_option_composes_and_validates(group, option):
         overrides.append("dry_run=true")  # site-specific data files are checked only when training
     cfg = make_config(*overrides)
     assert getattr(cfg, group).name == option
+
+
+def test_option_files_do_not_repeat_their_name():
+    """The name is the option chosen (marin.config.store.name_options), written nowhere else."""
+    import yaml
+
+    from marin.config.paths import CONF_DIR
+
+    for group in GROUPS:
+        for path in (CONF_DIR / group).glob("*.yaml"):
+            assert "name" not in (yaml.safe_load(path.read_text()) or {}), path
+
+
+def test_a_group_without_a_chosen_option_is_one_line(tmp_path):
+    """`~model` (no option) leaves model.name missing: one line naming the field, exit 2."""
+    import subprocess
+    import sys
+
+    from marin.config.paths import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "launch.py", "~model", "dry_run=true", f"run.out_dir={tmp_path}"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "model.name" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
@@ -60,11 +85,10 @@ def test_explicit_values_are_kept():
 
 def test_no_schema_option_in_any_group():
     """Schemas type the groups without being options: not listed, not selectable."""
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
     from hydra.errors import ConfigCompositionException
-
-    from hydra import initialize_config_dir
 
     from marin.config.paths import CONF_DIR
     from marin.config.store import register

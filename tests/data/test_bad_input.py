@@ -6,9 +6,8 @@ import dataclasses
 import pytest
 
 from marin.config.validate import ConfigError
-
-from marin.launch.checks import load
 from marin.data.loader import Loader
+from marin.launch.checks import load
 from tests.data.mixtures import composed, resolved, write_jsonl
 
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from marin.config.validate import ConfigError
-
-from marin.launch.checks import load
 from marin.data import sampling
 from marin.data.loader import Loader
+from marin.launch.checks import load
 from tests.data.mixtures import composed, resolved, write_jsonl
 
 T, B = 32, 8  # tests/data/mixtures.py: train.seq_len, train.global_batch

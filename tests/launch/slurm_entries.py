@@ -36,3 +36,28 @@ def probe(cfg, rec):
 def crash(cfg, rec):
     """A task that fails: `wait=true` must exit non-zero with the task's error."""
     raise RuntimeError(f"deliberate failure in {rec.run_id}")
+
+
+def _kill_one_task() -> None:
+    """Task MARIN_TEST_DYING_TASK (default 1) dies by SIGKILL; the others wait for srun to end
+    the step (--kill-on-bad-exit=1), as processes blocked in a collective would."""
+    import signal
+    import time
+
+    if int(os.environ["SLURM_PROCID"]) == int(os.environ.get("MARIN_TEST_DYING_TASK", "1")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+    raise RuntimeError("srun did not end the step after a task died")
+
+
+def fail_once(cfg, rec):
+    """Every task raises in the job's first start (each leaves an error result for submitit);
+    after the restart every process probes."""
+    if int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0:
+        raise RuntimeError(f"deliberate failure in the first start of {rec.run_id}")
+    return probe(cfg, rec)
+
+
+def die(cfg, rec):
+    """A task dies in every start of the job."""
+    _kill_one_task()

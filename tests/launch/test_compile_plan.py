@@ -1,5 +1,6 @@
-"""`dry_run=compile`: one JSON object with the compiled steps' memory, host bytes and
-collectives; bad input exits 2 with one line; the hero fits a GB200 rack (slow)."""
+"""`dry_run=compile`: progress on stderr, then the verdict, the plan's table and the compiled steps
+(`dry_run=compile_json`: one JSON object with the compiled steps' memory, host bytes and
+collectives); bad input exits 2 with one line; the hero fits a GB200 rack (slow)."""
 import json
 import subprocess
 import sys
@@ -19,11 +20,16 @@ def launch(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
+TINY = ("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "hardware.mesh.fsdp=true", "optim.offload=true",
+        "model.offload_carry=true", "model.remat=full", "hardware.memory_per_device_gib=1.0")
+
+
 def test_tiny_compile_plan_reports_memory_host_bytes_and_fit():
-    done = launch("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "dry_run=compile",
-                  "hardware.mesh.fsdp=true", "optim.offload=true", "model.offload_carry=true",
-                  "model.remat=full", "hardware.memory_per_device_gib=1.0")
+    done = launch(*TINY, "dry_run=compile_json")
     assert done.returncode == 0, done.stderr[-3000:]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("compile: ")]
+    assert progress[0].startswith("compile: one replica of") and progress[-1].startswith("compile: eval step compiled in")
+    assert any(line.startswith("compile: train step compiled in") for line in progress)
     out = json.loads(done.stdout)
     plan_keys = json.loads(launch("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "dry_run=json").stdout)
     assert set(plan_keys) - {"memory_per_device_gib"} <= set(out)
@@ -37,6 +43,26 @@ def test_tiny_compile_plan_reports_memory_host_bytes_and_fit():
                                               + train["temp_gib"] + train["offload_staging_gib"], abs=1e-5)
     assert out["compiled"]["replica"]["devices"] == 8
     assert out["memory_limit_gib"] == pytest.approx(0.9) and out["fits"] is True
+
+    # the default form, for a person: the verdict first, the plan's table, the compiled steps (same
+    # shapes: the compilation cache answers)
+    human = launch(*TINY, "dry_run=compile")
+    assert human.returncode == 0, human.stderr[-3000:]
+    lines = human.stdout.splitlines()
+    assert lines[0].startswith("fits: yes (compiled peak per device: train step ") and "limit 0.9 GiB" in lines[0]
+    assert "size and compute" in lines and any(line.startswith("compiled (XLA, one replica: 8 cpu") for line in lines)
+    assert any(line.split()[:1] == ["train"] for line in lines) and "all-to-all" in human.stdout
+    assert lines[-1] == "(dry_run=compile_json prints all of this as one JSON object)"
+
+
+def test_the_verdict_says_no_or_unknown():
+    step = {"peak_gib": 10.0, "host_gib": 0.0}
+    result = {"compiled": {"train_step": step, "eval_step": {**step, "peak_gib": 2.0}}, "fits": False,
+              "memory_limit_gib": 9.0, "host_memory_limit_gib": "unknown"}
+    assert compile_plan.verdict(result) == ("fits: NO (compiled peak per device: train step 10 GiB, eval step 2 GiB; "
+                                            "limit 9.0 GiB)")
+    unknown = compile_plan.verdict({**result, "fits": None, "memory_limit_gib": "unknown"})
+    assert unknown.startswith("fits: unknown") and unknown.endswith("no memory figure for this hardware)")
 
 
 def test_fits_is_null_without_a_memory_figure_and_false_over_it():
@@ -88,7 +114,7 @@ def test_ragged_on_cpu_compiles_a_stand_in_and_says_so_in_one_line():
     """XLA:CPU lowers ragged_all_to_all but cannot compile it: the real step is lowered (its
     ragged collectives counted), the figures are a same-buffers stand-in's, one note says so."""
     done = launch("model=tiny", "model.num_experts=8", "hardware=h200_node", "train.seq_len=32",
-                  "train.global_batch=8", "model.ep_transport=ragged", "dry_run=compile")
+                  "train.global_batch=8", "model.ep_transport=ragged", "dry_run=compile_json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     notes = [line for line in done.stderr.splitlines() if "ragged_all_to_all" in line]
@@ -115,7 +141,8 @@ def test_host_side_is_checked_against_the_host_memory_per_device():
 
 @pytest.mark.slow
 def test_hero_compiles_for_one_rack_with_its_state_on_host(hero_compiled):
-    """The hero's steps compile for one rack in minutes and fit a GB200 (peak ≤ 0.9 × 173.2 GiB).
+    """The hero's steps compile for one rack in minutes and fit a GB200 (peak ≤ 0.9 × 185 GiB, the
+    189,471 MiB a B200 reports).
     On the host: the optimizer state (MuonH momentum of 522B expert weights / 64 devices, fp32,
     ≈ 30 GiB), the experts' fp32 masters (≈ 30 GiB) and the carries (72 GiB). Measured: train
     peak 152.4 GiB (was 194.3 before MuonH ran per layer and the masters moved), eval 28.9.
@@ -124,7 +151,8 @@ def test_hero_compiles_for_one_rack_with_its_state_on_host(hero_compiled):
     assert hero_compiled["returncode"] == 0, hero_compiled["stderr"][-3000:]
     out = json.loads(hero_compiled["stdout"])
     train, evals = out["compiled"]["train_step"], out["compiled"]["eval_step"]
-    assert out["compiled"]["replica"]["devices"] == 64 and out["memory_limit_gib"] == pytest.approx(155.88)
+    assert compile_plan.format_compiled(out).startswith("fits: yes (compiled peak per device: train step ")
+    assert out["compiled"]["replica"]["devices"] == 64 and out["memory_limit_gib"] == pytest.approx(0.9 * 189_471 / 1024, rel=1e-3)
     assert train["host_gib"] > 90 and train["argument_gib"] < 2       # masters + state + carries on host
     assert out["host_memory_limit_gib"] == pytest.approx(223.517, abs=0.01) and out["host_fits"] is True
     assert train["offload_staging_gib"] < 1                            # nothing large is staged whole

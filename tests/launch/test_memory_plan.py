@@ -142,7 +142,7 @@ def test_rung_estimate_is_within_20_percent_of_the_compiled_peak():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "launch.py", RUNG, "dry_run=compile"], cwd=root,
+    done = subprocess.run([sys.executable, "launch.py", RUNG, "dry_run=compile_json"], cwd=root,
                           capture_output=True, text=True, timeout=900)
     check_estimate_against_the_compiled_peak(vars(done))
 

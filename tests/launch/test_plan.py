@@ -182,3 +182,51 @@ def test_plan_names_the_layout_it_models():
                            "expert_masters_on_host": True, "attention_impl": "cudnn", "micro_batches": 1}
     assert "remat full" in format_plan(p) and "carries on host" in format_plan(p)
     assert plan(planned(RUNG, "model.remat=false", "model.offload_carry=false"))["remat"] == "none"
+
+
+def test_a_multirun_row_holds_what_differs_between_jobs():
+    from marin.launch.plan import plan_row, row_header
+
+    row = plan_row(plan(planned("model=tiny")), "2/4", "optim.lr=0.003")
+    head = row_header()
+    assert row.split()[:4] == ["2/4", "64", "×", "2"] and row.endswith("GiB  optim.lr=0.003")
+    assert len(row.splitlines()) == 1 and head.split()[0] == "job" and head.endswith("overrides")
+    over = plan_row(plan(planned("model=tiny", "hardware.memory_per_device_gib=0.001")), "1/1", "")
+    assert " OVER  –" in over                                       # the estimate over the device's memory
+
+
+def test_help_lists_the_modes_and_tools_before_the_groups():
+    done = subprocess.run([sys.executable, "launch.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    modes, tools, groups = out.index("== Modes"), out.index("== Tools"), out.index("== Configuration groups")
+    assert modes < tools < groups and "== Config ==" not in out and len(out.splitlines()) < 60  # no config dump
+    for mode in ("dry_run=true", "dry_run=json", "dry_run=compile ", "dry_run=compile_json", "dry_run=config",
+                 "resume=", "reproduce=", "verify=true", "wait=true", "-m "):
+        assert mode in out[modes:tools], mode
+    for tool in ("status", "diff", "forecast", "report", "generate"):
+        assert f"marin.{tool} " in out[tools:groups], tool
+    assert "experiment: " in out[groups:] and "ladder_cpu_d160" in out[groups:]
+
+
+def test_a_cpu_run_bigger_than_this_machine_is_warned_about(capsys, monkeypatch):
+    import marin.launch.local as local
+    from marin.launch import entry, memory
+    from marin.launch import plan as plan_module
+    from tests.helpers import compose_dict
+
+    cfg = planned("model=tiny")
+    need = memory.device_peak(cfg) + accounting.memory_per_device(cfg)["host"]
+    assert memory.over_machine_memory(cfg, machine_gib=need * 2) is None
+    line = memory.over_machine_memory(cfg, machine_gib=need / 2)
+    assert line.startswith("memory: the estimate for this CPU run is") and "over this machine's" in line
+    assert memory.over_machine_memory(planned(HERO), machine_gib=1e-6) is None   # not this machine's memory
+    monkeypatch.setattr(memory, "machine_memory_gib", lambda: need / 2)
+    plan_module.print_plan(cfg)                                  # the dry run says it
+    assert capsys.readouterr().err.splitlines() == [f"warning: {line}"]
+    # ... and so does a launch, before training starts
+    started = []
+    monkeypatch.setattr(local, "run_local", lambda *args: started.append(capsys.readouterr().err))
+    monkeypatch.setattr(entry, "apply_environment", lambda hw: None)
+    entry.dispatch(compose_dict("model=tiny"))
+    assert len(started) == 1 and f"warning: {line}" in started[0].splitlines()

@@ -43,6 +43,8 @@ def test_stopped_local_run_resumes_with_a_shortened_horizon(tmp_path):
     second = launch(f"resume={run_dir}", "train.stop_after=null", "schedule.horizon_steps=12")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming run {run_id} in {run_dir}" in second.stdout
+    for noise in ("libtpu", "backend started before", "reproducing", "uncommitted changes"):  # as quiet as a fresh run
+        assert noise not in second.stdout + second.stderr, second.stderr[-3000:]
     assert "schedule.horizon_from_step: None → 6" in second.stdout      # the failure plan, from the checkpoint
 
     info = json.loads((run_dir / "record.json").read_text())
@@ -83,10 +85,10 @@ def stopped_run(tmp_path_factory):
     """A tiny run trained in-process to step 6 of 16 (checkpoints 3 and 6), shared read-only."""
     import signal
 
-    from tests.helpers import compose_dict
     from marin.launch.checks import load
     from marin.track import record
     from marin.train.loop import train
+    from tests.helpers import compose_dict
 
     tmp = tmp_path_factory.mktemp("stopped")
     overrides = [*TINY, "train.stop_after=6", f"run.out_dir={tmp}", f"tracking.uri=sqlite:///{tmp}/mlflow.db"]
@@ -107,9 +109,9 @@ def _copy_into_new_run(rec, tmp_path):
     """A fresh run record with the same config and a copy of `rec`'s checkpoints (to damage)."""
     import shutil
 
-    from tests.helpers import compose_dict
     from marin.launch.checks import load
     from marin.track import record
+    from tests.helpers import compose_dict
 
     overrides = record.RunRecord(rec.run_dir, rec.run_id, rec.tracking_uri, rec.experiment_name).overrides()
     composed, resolved = load(compose_dict(*overrides))
@@ -160,14 +162,12 @@ def test_resume_with_only_damaged_checkpoints_fails_and_sets_them_aside(stopped_
 def test_nan_right_after_a_restore_names_the_checkpoint(stopped_run, tmp_path, capsys):
     import jax
     import jax.numpy as jnp
-
-    from marin.launch.resume import resume
-    from marin.train.checkpoint import Checkpointer, abstract_state
-
     from omegaconf import OmegaConf
 
     from marin.config.schema import Config
     from marin.launch.checks import load
+    from marin.launch.resume import resume
+    from marin.train.checkpoint import Checkpointer, abstract_state
 
     copy = _copy_into_new_run(stopped_run, tmp_path)
     _, cfg = load(OmegaConf.merge(OmegaConf.structured(Config), copy.composed()))

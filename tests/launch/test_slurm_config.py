@@ -144,3 +144,55 @@ def test_submitted_job_gets_a_clean_environment(monkeypatch):
     with slurm.clean_environment():
         assert not [k for k in os.environ if k.startswith("SLURM_")] and "CUDA_VISIBLE_DEVICES" not in os.environ
     assert os.environ["SLURM_JOB_ID"] == "999" and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def hero_script(monkeypatch, version) -> str:
+    """The hero's batch script as submitit writes it (nothing submitted), on a Slurm of `version`."""
+    monkeypatch.setattr(slurm, "slurm_version", lambda: version)
+    cfg = make_config(*HERO)
+    return slurm.executor(cfg, ROOT / "outputs" / "tmp-never-written")._make_submission_file_text("CMD", "uid")
+
+
+def test_hero_batch_script_places_each_replica_in_one_rack_on_whole_nodes(monkeypatch):
+    script = hero_script(monkeypatch, (24, 11))
+    for flag in ("--nodes=176", "--segment=16", "--exclusive", "--mem=0", "--ntasks-per-node=4", "--gpus-per-node=4",
+                 "--signal=USR2@600"):
+        assert f"#SBATCH {flag}\n" in script, flag
+    assert "gpus-per-task" not in script and "--switches" not in script   # every task sees its node's 4 GPUs
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in srun and srun.endswith(" CMD")        # one dead task ends the step
+    after = script.split(srun, 1)[1]
+    assert 'marin_exit=$?' in after and "-m marin.launch.restarts" in after and 'exit "$marin_exit"' in after
+    text = slurm.describe(make_config(*HERO))   # the dry run says so
+    assert "placement: --segment=16 --exclusive --mem=0" in text and "1000 restarts after a task dies" in text
+
+
+def test_an_older_slurm_keeps_a_one_rack_job_under_one_switch_and_refuses_more(monkeypatch):
+    monkeypatch.setattr(slurm, "slurm_version", lambda: (23, 11))
+    one_rack = make_config("hardware=gb200_nvl72", "model=mochi", "train.global_batch=1024",
+                           "data.allow_vocab_mismatch=true", "dry_run=true")
+    assert slurm.placement_problem(one_rack) is None
+    assert slurm.slurm_parameters(one_rack)["additional_parameters"] == {"switches": "1@24:00:00"}
+    problem = slurm.placement_problem(make_config(*HERO))
+    assert problem.startswith("hardware.segment_nodes=16: Slurm 23.11 has no --segment") and "\n" not in problem
+    assert "hardware.racks=1" in problem
+
+
+def test_segment_nodes_must_divide_the_jobs_nodes():
+    cfg = make_config("hardware=gb200_nvl72", "hardware.segment_nodes=12", "model=mochi", "train.global_batch=1024",
+                      "data.allow_vocab_mismatch=true", "dry_run=true")
+    assert slurm.placement_problem(cfg, (24, 5)) == (
+        "hardware.segment_nodes=12 must divide the job's 16 nodes (hardware.racks × hardware.nodes)")
+
+
+def test_this_clusters_older_slurm_refuses_two_segments_before_anything_is_made(tmp_path):
+    version = slurm.slurm_version()
+    if version is None or version >= slurm.SEGMENT_SINCE:
+        pytest.skip(f"needs an sbatch older than 24.05 here (found {version})")
+    two_racks = ["hardware=slurm_cpu", "model=tiny", "hardware.racks=2", "hardware.mesh.replica_dcn=2",
+                 "hardware.segment_nodes=1"]
+    done = launch(*two_racks, f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"error: {slurm.placement_problem(make_config(*two_racks), version)}"
+    assert f"hardware.segment_nodes=1: Slurm {version[0]}.{version[1]:02d} has no --segment" in done.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()

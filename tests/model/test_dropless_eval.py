@@ -115,8 +115,8 @@ def compare_expert_parallel() -> dict:
     against the unbounded path on one device and under expert parallelism. Only the first
     device's tokens are skewed (3 waves there, 1 elsewhere), so the wave count must be agreed
     over the expert axis for the all_to_alls to pair up."""
-    from marin.model.mesh import make_mesh
     from marin.model.expert_parallel import routed_experts_ep
+    from marin.model.mesh import make_mesh
 
     experts, k, per_device = 16, 4, 64
     hw = ("hardware.host_devices=8", "hardware.mesh.expert=4")

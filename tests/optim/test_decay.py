@@ -118,9 +118,8 @@ def test_good_rules_validate_and_end_defaults_to_the_last_step():
 def test_a_rule_can_switch_on_part_way_down_its_line():
     """The hero's gate/router decay (spec §8): the line 0.02 at step 0 → 0 at the last step,
     off at launch, on from step 58,014 where it is 0.02 · (1 − 58,014/390,251) = 0.01703."""
-    from tests.helpers import make_config
-
     from marin.optim.decay import describe
+    from tests.helpers import make_config
 
     hero = make_config("experiment=mochi_535b_a23b", "dry_run=true")
     assert [(r.pattern, r.value, r.origin, r.start, r.end) for r in hero.optim.decay] == [

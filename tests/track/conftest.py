@@ -2,8 +2,8 @@
 tables takes seconds; each test uses its own run names)."""
 import pytest
 
-from tests.helpers import compose_dict
 from marin.launch.checks import load
+from tests.helpers import compose_dict
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,7 @@ def multirun_job(store):
     from omegaconf import open_dict
 
     from marin.config.paths import CONF_DIR
-    from marin.config.store import register
+    from marin.config.store import name_options, register
 
     def make(num: int, *extra: str):
         overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}",
@@ -48,7 +48,7 @@ def multirun_job(store):
         task = cfg.copy()
         with open_dict(task):
             del task["hydra"]
-        return (*load(task), overrides)
+        return (*load(name_options(task, cfg.hydra.runtime.choices)), overrides)
 
     yield make
     HydraConfig.instance().cfg = None

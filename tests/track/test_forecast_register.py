@@ -30,10 +30,18 @@ def test_register_writes_the_forecast_and_the_ladder(store, multirun_job, monkey
     parent_id = client.get_run(recs[0].run_id).data.tags["mlflow.parentRunId"]
     path = tmp_path / "forecasts" / f"{TARGET}.yaml"
     argv = [parent_id, "--tracking-uri", store["uri"], "--target", TARGET, "--register", str(path)]
-    assert forecast.main(argv) == 0
-    assert f"registered: {path}" in capsys.readouterr().out
+    # the rungs trained 40 steps, the target 200: flagged, and refused for registration
+    with pytest.raises(SystemExit, match="^2$"):
+        forecast.main(argv)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--register refused: the rungs train 40 steps" in err and "--force" in err, err
+    assert not path.exists()
+    assert forecast.main([*argv, "--set", "train.steps=40"]) == 0   # trained as the rungs were
+    out = capsys.readouterr().out
+    assert f"registered: {path}" in out and "warning:" not in out and "note:" not in out  # outside the project
     doc = forecast_check.read(path)
-    target = make_config(f"experiment={TARGET}", "dry_run=true")
+    assert "caveats" not in doc
+    target = make_config(f"experiment={TARGET}", "dry_run=true", "train.steps=40")
     assert doc["target"] == TARGET and doc["target_C"] == accounting.train_flops(target, with_head=False)
     assert [r["run_id"] for r in doc["ladder"]] == [r.run_id for r in recs]
     assert [p["fraction"] for p in doc["points"]] == [round(0.05 * k, 2) for k in range(1, 21)]
@@ -46,6 +54,20 @@ def test_register_writes_the_forecast_and_the_ladder(store, multirun_job, monkey
         assert p["lower"] < p["predicted"] < p["upper"]
         assert p["sigma"] == pytest.approx((p["upper"] - p["lower"]) / (2 * t))
     assert f"forecast/{TARGET}.yaml" in {a.path for a in client.list_artifacts(parent_id, "forecast")}
+    # the hero from this ladder: 13 orders of magnitude beyond it, and trained unlike it
+    hero = [parent_id, "--tracking-uri", store["uri"], "--target", "mochi_535b_a23b", "--register", str(tmp_path / "h.yaml")]
+    with pytest.raises(SystemExit, match="^2$"):
+        forecast.main(hero)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--register refused: the target's compute" in err and "more caveat" in err, err
+    assert not (tmp_path / "h.yaml").exists()
+    assert forecast.main([*hero, "--force"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    headline = next(line for line in out if line.startswith("forecast for mochi_535b_a23b"))
+    warnings = [line for line in out if line.startswith("warning: ")]
+    assert "caveat(s), see the warning: lines above" in headline
+    assert any("more than 100×" in w for w in warnings) and any("the rungs train 40 steps" in w for w in warnings)
+    assert forecast_check.read(tmp_path / "h.yaml")["caveats"] == [w.removeprefix("warning: ") for w in warnings]
 
 
 def test_register_refuses_a_non_ladder_and_writes_nothing(store, lr_sweep_parent, tmp_path, capsys):

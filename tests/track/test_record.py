@@ -93,8 +93,8 @@ def test_open_errors(configure, store, tmp_path):
 
 
 def test_default_uri_is_absolute_sqlite_under_out_dir(monkeypatch):
-    from tests.helpers import make_config
     from marin.config.paths import PROJECT_ROOT
+    from tests.helpers import make_config
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = backend.tracking_uri(make_config("model=tiny"))
@@ -113,8 +113,9 @@ def test_values_past_the_param_limit_go_to_an_artifact(configure, store):
     assert json.loads(open(path).read())["hardware.env.LONG_FLAG"] == long_value
 
 
-def test_mlflow_ui_artifacts_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
-    """`mlflow ui` in the project writes ./mlartifacts: not a source change (even if not ignored)."""
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A one-commit git project (a.py, pkg/m.py) standing in for the project root."""
     import subprocess
 
     def git(*args):
@@ -122,14 +123,38 @@ def test_mlflow_ui_artifacts_do_not_make_the_tree_dirty(tmp_path, monkeypatch):
                        check=True, capture_output=True)
     git("init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
-    git("add", "a.py")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("y = 1\n")
+    git("add", "a.py", "pkg/m.py")
     git("commit", "-qm", "one")
     monkeypatch.setattr(record, "PROJECT_ROOT", tmp_path)
-    (tmp_path / "mlartifacts" / "0").mkdir(parents=True)
-    (tmp_path / "mlartifacts" / "0" / "model.pkl").write_text("artifact")
-    assert record.git_state()[0]["dirty"] is False
-    (tmp_path / "b.py").write_text("y = 2\n")
+    return tmp_path
+
+
+def test_untracked_files_outside_the_tracked_folders_leave_the_tree_clean(project):
+    """`mlflow ui` in the project writes ./mlartifacts, a user keeps notes at the top or a
+    scratch folder: no source change. A new file in a tracked folder is one."""
+    (project / "mlartifacts" / "0").mkdir(parents=True)
+    (project / "mlartifacts" / "0" / "model.pkl").write_text("artifact")
+    (project / "notes.txt").write_text("todo\n")
+    (project / "scratch").mkdir()
+    (project / "scratch" / "try.py").write_text("z = 3\n")
+    git, _ = record.git_state()
+    assert git["dirty"] is False and "notes.txt" in git["untracked"]
+    (project / "pkg" / "new.py").write_text("w = 4\n")
     assert record.git_state()[0]["dirty"] is True
+
+
+def test_a_secret_in_an_uncommitted_edit_is_not_saved(project, configure, store, monkeypatch):
+    (project / "a.py").write_text('x = 1\nHF_TOKEN = "hf_diffsecret9931"\n')
+    (project / "pkg" / "m.py").write_text("export GH_PAT=ghp_diffsecret4410\n")
+    rec = record.create(*configure("run.name=diffsecret"))
+    saved = (rec.run_dir / record.DIFF).read_text()
+    assert "HF_TOKEN" in saved and "GH_PAT" in saved and rec.info()["git"]["dirty"] is True
+    client = MlflowClient(store["uri"])
+    artifact = client.download_artifacts(rec.run_id, f"record/{record.DIFF}", str(project / "dl"))
+    for text in (saved, open(artifact).read()):
+        assert "diffsecret9931" not in text and "diffsecret4410" not in text
 
 
 def test_run_directory_keeps_its_log_masked(configure, monkeypatch):
@@ -141,3 +166,48 @@ def test_run_directory_keeps_its_log_masked(configure, monkeypatch):
     logging.getLogger("marin.train").warning("step 3 loss 1.0 key s3cr3t-value-123")
     text = (rec.run_dir / "run.log").read_text()
     assert f"run {rec.run_id}" in text and "step 3 loss 1.0" in text and "s3cr3t-value-123" not in text
+
+
+def test_mlflow_shows_user_source_git_and_a_readable_name(configure, store):
+    """What MLflow's own start_run would set (User, Source, git) and a name that says what the run
+    changed; its experiment is filed as model training."""
+    import getpass
+
+    rec = record.create(*configure("run.name=readable", "optim.lr=0.002"))
+    client = MlflowClient(store["uri"])
+    run = client.get_run(rec.run_id)
+    assert run.info.run_name == "readable model=tiny,steps=4,lr=0.002"  # no store, folder or name overrides
+    tags = run.data.tags
+    assert tags["mlflow.user"] == getpass.getuser() and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.source.name"].startswith("/") and tags["mlflow.source.git.commit"] == rec.info()["git"]["commit"]
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_server_behind_basic_auth_is_reachable_with_credentials_in_the_uri():
+    """`http://user:password@host` is how MLflow's client takes basic-auth credentials."""
+    import base64
+    import http.server
+    import threading
+
+    expected = "Basic " + base64.b64encode(b"alice:s3cr%t").decode()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.path == "/health" and self.headers.get("Authorization") == expected
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        backend.check_reachable(f"http://alice:s3cr%25t@127.0.0.1:{port}")   # percent-encoded, as in any URL
+        with pytest.raises(TrackingUnavailable, match="HTTP 401") as err:
+            backend.check_reachable(f"http://alice:wrong-pw-77@127.0.0.1:{port}")
+        assert "wrong-pw-77" not in str(err.value)
+    finally:
+        server.shutdown()

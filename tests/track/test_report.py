@@ -135,8 +135,47 @@ def test_forecast_band_is_drawn_when_the_run_has_one(run, tmp_path):
     assert report.main([str(rec.run_dir), "--out", str(out), "--no-log"]) == 0
     after = Page(out.read_text())
     assert "no registered forecast" not in "".join(after.text)
+    assert "within the band at all 3 registered points so far" in "".join(after.text)   # the summary's verdict
     check_self_contained(after)
     assert after.images[0] != before.images[0]  # the loss plot (the first) changed
+
+
+def test_the_summary_links_the_mlflow_run(run):
+    rec, _ = run
+    text = "".join(Page((rec.run_dir / track_report.REPORT).read_text()).text)
+    assert f"mlflow ui --backend-store-uri {rec.tracking_uri}, then #/experiments/" in text and rec.run_id in text
+    link = track_report.mlflow_link("http://user:pw@host:5000/", "3", "abc")
+    assert link == '<a href="http://host:5000/#/experiments/3/runs/abc">http://host:5000/#/experiments/3/runs/abc</a>'
+
+
+def test_the_forecast_verdict_names_the_first_departure():
+    steps = np.array([10, 20, 30])
+    series = {"forecast/predicted": (steps, np.array([4.0, 3.5, 3.2])), "forecast/lower": (steps, np.array([3.8, 3.3, 3.0])),
+              "forecast/upper": (steps, np.array([4.2, 3.7, 3.4])), "forecast/residual": (steps, np.array([0.1, 0.4, -0.3])),
+              "forecast/z": (steps, np.array([1.0, 4.0, -3.0]))}
+    assert track_report.forecast_verdict(series, {"forecast.alert": "20"}) == \
+        "ALERT: outside the band from step 20 (2 of 3 points outside; last z = -3.00)"
+    assert track_report.forecast_verdict({}, {}) == "no registered forecast"
+
+
+def test_loss_plot_is_log_scale_full_width_with_every_curve_visible():
+    from matplotlib.colors import to_rgba
+
+    steps = np.arange(1, 101)
+    ce = 6.0 * steps ** -0.3
+    fig = track_report.loss_axes({"train/loss": (steps, ce + 1e-3), "train/ce": (steps, ce),
+                                  "eval/macro_loss": (steps[::20], ce[::20] + 0.1)})
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    total, ce_line = lines["train/loss"], lines["train/ce"]
+    # the one drawn on top (later) is thin and dashed, the one under it wide: both show
+    assert ax.get_lines().index(ce_line) > ax.get_lines().index(total)
+    assert ce_line.get_linestyle() == "--" and total.get_linewidth() > 2 * ce_line.get_linewidth()
+    assert to_rgba(total.get_color())[:3] != to_rgba(ce_line.get_color())[:3]
+    png = base64.b64decode(track_report._png(fig).split(",", 1)[1].split('"')[0])  # noqa: SLF001
+    assert int.from_bytes(png[16:20], "big") == 1200          # as wide as the page (max-width 1240px)
+    assert "img{width:100%" in track_report.STYLE
 
 
 def test_a_sweeps_jobs_side_by_side(run, tmp_path, capsys):

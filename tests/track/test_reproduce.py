@@ -15,8 +15,8 @@ from marin.track import record
 
 @pytest.fixture(scope="module")
 def source(store):
-    from tests.helpers import compose_dict
     from marin.launch.checks import load
+    from tests.helpers import compose_dict
 
     overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
                  "optim.lr=0.002", "train.seed=7", "run.name=src"]
@@ -111,6 +111,18 @@ def test_diff_lists_differing_leaves(source, store, capsys):
     assert not any(k.startswith("run.") for k in rows)
     assert diff.main([str(source.run_dir), other.run_id, "--tracking-uri", store["uri"]]) == 1
     assert "optim.lr" in capsys.readouterr().out
+    client = MlflowClient(store["uri"])
+    for key, value in (("train/loss", 3.25), ("eval/macro_loss", 3.5), ("train/tokens_per_s", 1200.0)):
+        client.log_metric(other.run_id, key, value, step=4)
+    client.set_terminated(other.run_id, "FINISHED")
+    # id prefixes; the source's directory has copies here (same id): the store says which is the run
+    assert diff.main([source.run_id[:10], other.run_id[:10], "--out-dir", str(store["out"]),
+                      "--tracking-uri", store["uri"]]) == 1
+    out = capsys.readouterr().out
+    results = {line.split()[0]: line.split()[1:] for line in out[out.index("\nresult"):].splitlines()[2:]}
+    assert results["state"] == ["RUNNING", "FINISHED"] and results["step"] == ["-", "4"]
+    assert results["train/loss"] == ["-", "3.2500"] and results["eval/macro_loss"] == ["-", "3.5000"]
+    assert results["train/tokens_per_s"] == ["-", "1,200"]
     assert diff.main([str(source.run_dir), str(source.run_dir)]) == 0
     with pytest.raises(SystemExit, match="^2$"):
         diff.main([str(source.run_dir), "/nope"])
@@ -141,9 +153,9 @@ FITS_EVERY_RACK = ["model=tiny", "model.num_experts=64", "train.global_batch=422
 def test_every_hardware_option_round_trips(hardware, store):
     """reproduce= and resume= (dry runs: the hardware is absent) of a run on each shipped option
     give back its hardware, env included (a non-empty hardware.env was refused as schema drift)."""
-    from tests.helpers import compose_dict
     from marin.launch.checks import load
     from marin.launch.resume import resume
+    from tests.helpers import compose_dict
 
     overrides = [f"hardware={hardware}", *FITS_EVERY_RACK, f"tracking.uri={store['uri']}",
                  f"run.out_dir={store['out']}", f"run.name=hw-{hardware}"]
@@ -167,7 +179,7 @@ def _record_under_hydra(store, tmp_path, extra_dir, *overrides):
     from omegaconf import open_dict
 
     from marin.config.paths import CONF_DIR
-    from marin.config.store import register
+    from marin.config.store import name_options, register
     from marin.launch.checks import load
 
     overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={tmp_path}", *overrides]
@@ -180,19 +192,33 @@ def _record_under_hydra(store, tmp_path, extra_dir, *overrides):
         task = cfg.copy()
         with open_dict(task):
             del task["hydra"]
-        return record.create(*load(task), overrides)
+        return record.create(*load(name_options(task, cfg.hydra.runtime.choices)), overrides)
     finally:
         HydraConfig.instance().cfg = None
 
 
-def test_config_dir_of_the_run_is_used_again_and_a_gone_one_is_one_line(store, tmp_path):
+def test_config_dir_of_the_run_is_used_again_and_a_gone_one_is_one_line(store, tmp_path, caplog):
     extra = tmp_path / "site_conf"
     (extra / "experiment").mkdir(parents=True)
-    (extra / "experiment" / "mine.yaml").write_text("# @package _global_\ntrain:\n  seed: 11\n")
+    (extra / "experiment" / "mine.yaml").write_text("train:\n  seed: 11\n")  # no package header needed
     rec = _record_under_hydra(store, tmp_path, extra, "experiment=mine")
     assert rec.info()["config_search_path"] == [f"file://{extra}"]
     _, resolved, _ = recompose(str(rec.run_dir), [f"run.out_dir={tmp_path}"])  # no --config-dir given again
     assert resolved.train.seed == 11
     extra.rename(tmp_path / "moved")
-    with pytest.raises(ReproduceError, match=rf"config folder {extra} .*does not exist here"):
-        recompose(str(rec.run_dir), [f"run.out_dir={tmp_path}"])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="marin.launch"):
+        _, resolved, overrides = recompose(rec.run_id[:12], [f"run.out_dir={tmp_path}", "train.steps=6"])
+    assert resolved.train.seed == 11 and resolved.train.steps == 6  # the saved config, the new override on it
+    notes = [r.getMessage() for r in caplog.records if "config folder" in r.getMessage() or "conf/" in r.getMessage()]
+    assert len(notes) == 1 and f"config folder {extra} " in notes[0] and "experiment=mine" in notes[0]
+    assert "experiment=mine" not in overrides  # the new run's record composes without the gone folder
+
+    import contextlib
+    import io
+
+    from marin.launch.resume import resume
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:  # resume= takes a run id prefix as well
+        resume([f"resume={rec.run_id[:12]}", "dry_run=true", f"run.out_dir={tmp_path}"], dry_run=True)
+    assert f"resuming run {rec.run_id}" in printed.getvalue()

@@ -12,8 +12,8 @@ import yaml
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from marin.config.schema import Config
 from marin.config.paths import PROJECT_ROOT
+from marin.config.schema import Config
 from marin.launch.reproduce import ReproduceError, recompose
 from marin.track import record, secrets
 from marin.track.record import flatten
@@ -111,8 +111,8 @@ def test_run_name_that_is_a_path_is_refused(name):
 # ---------------------------------------------------------------------------- resume
 
 def test_resume_with_a_secret_override_writes_no_secret(configure, store, tmp_path, monkeypatch):
-    from marin.launch import resume
     import marin.train.loop as loop
+    from marin.launch import resume
 
     composed, resolved, overrides = configure("run.name=res")
     rec = record.create(composed, resolved, overrides)
@@ -212,9 +212,9 @@ def test_uri_password_and_secret_overrides_are_not_printed(tmp_path):
 
 def test_slurm_script_and_submission_hold_no_secret():
     from marin.launch import slurm
+    from marin.launch.checks import load
     from marin.launch.distributed import process_environment
     from tests.helpers import compose_dict
-    from marin.launch.checks import load
 
     composed, resolved = load(compose_dict("model=tiny", "hardware=slurm_cpu", "+hardware.env.HF_TOKEN=slurmtok-4410"))
     lines = "\n".join(slurm.setup_lines(resolved))
@@ -235,8 +235,32 @@ def test_hydra_sweep_folder_is_private(tmp_path):
                            "+hardware.env.HF_TOKEN=sweeptok-1902"], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    saved = list(tmp_path.rglob("multirun.yaml"))
-    assert saved, list(tmp_path.rglob("*"))
-    folder = saved[0].parent.parent
-    assert folder.parent == tmp_path and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder = tmp_path / f"marin-hydra-{os.getuid()}"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert not list(tmp_path.rglob("multirun.yaml")) and not list(folder.iterdir())  # removed, its folder too
     assert "sweeptok-1902" not in done.stdout + done.stderr
+
+
+def test_a_planted_sweep_folder_is_refused_in_one_line(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / f"marin-hydra-{os.getuid()}").symlink_to(elsewhere)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["TMPDIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "launch.py", "-m", "model=tiny", "dry_run=true", "train.steps=2,3"],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "symlink" in done.stderr, done.stderr[-2000:]
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_short_environment_secret_pulled_in_by_oc_env_is_not_printed(tmp_path):
+    """ENV_MIN_LENGTH spares short values of variables that merely look secret; one a command line
+    reads into the config with ${oc.env:…} is masked however short."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["MY_API_TOKEN"] = "ab12c"
+    done = subprocess.run([sys.executable, "launch.py", "model=tiny", "dry_run=config",
+                           "+hardware.env.FOO=${oc.env:MY_API_TOKEN}"], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "FOO: <redacted>" in done.stdout and "ab12c" not in done.stdout + done.stderr

@@ -6,20 +6,21 @@ import os
 import sys
 
 import pytest
-
 from mlflow import MlflowClient
 
 from marin import status
 from marin.track import record, tracker
 
 
-def _fake_sacct(tmp_path, monkeypatch, states: dict):
-    script = tmp_path / "bin" / "sacct"
-    script.parent.mkdir(exist_ok=True)
-    lines = "\\n".join(f"{job}|{state}" for job, state in states.items())
-    script.write_text(f"#!/bin/sh\nprintf '{lines}\\n'\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
+def _fake_sacct(tmp_path, monkeypatch, states: dict, queued: dict | None = None):
+    """`sacct` answering `states` and `squeue` answering `queued` (the jobs not started), on PATH."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name, table in (("sacct", states), ("squeue", queued or {})):
+        lines = "".join(f"{job}|{state}\\n" for job, state in table.items())
+        (folder / name).write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+        (folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
 
 
 def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monkeypatch, tmp_path, capsys):
@@ -47,6 +48,8 @@ def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monk
     assert client.get_run(parent_id).info.status == "RUNNING"
 
     assert client.get_run(recs[0].run_id).info.run_name == "router=qb"  # children named by their overrides
+    assert status.main([f"{sweep_dir}/router=qb"]) == 0  # one job of the sweep, by its override name
+    assert recs[0].run_id in capsys.readouterr().out.splitlines()[-1]
 
     _fake_sacct(tmp_path, monkeypatch, {"77_1": "CANCELLED", "77_2": "TIMEOUT"})
     assert status.main([parent_id, "--tracking-uri", store["uri"]]) == 0
@@ -62,23 +65,26 @@ def test_status_finds_a_sweep_by_name(store, multirun_job, monkeypatch, capsys):
     assert status.main(["capacity_factor", "--out-dir", str(store["out"])]) == 0
     out = capsys.readouterr().out
     assert parent_id in out.splitlines()[0] and "capacity_factor=2.0" in out
+    assert "3 job(s) pending: not started" in out  # 4 swept values, one run made so far
+    assert status.main([parent_id[:8], "--out-dir", str(store["out"])]) == 0  # a unique prefix of the parent's id
+    assert parent_id in capsys.readouterr().out.splitlines()[0]
 
 
 def test_status_errors(store, tmp_path, capsys):
     with pytest.raises(SystemExit, match="^2$"):
         status.main([str(tmp_path)])
-    assert "not a sweep directory" in capsys.readouterr().err
+    assert "neither a run directory (record.json) nor a sweep directory" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="^2$"):
         status.main(["0123456789abcdef0123456789abcdef", "--tracking-uri", store["uri"]])
     capsys.readouterr()
     with pytest.raises(SystemExit, match="^2$"):
         status.main(["no_such_sweep", "--out-dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no sweep of that name" in err
+    assert err.count("\n") == 1 and "no_such_sweep: no sweep or run of that name" in err
     with pytest.raises(SystemExit) as exit_:
-        status.main([])
+        status.main(["--watch", "0"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "required: sweep" in err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--watch" in err
 
 
 def test_run_tools_usage_errors_are_one_line(tmp_path, capsys):
@@ -93,3 +99,52 @@ def test_run_tools_usage_errors_are_one_line(tmp_path, capsys):
         diff.main([str(tmp_path / "a"), str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such run directory" in err
+
+
+def _row(out: str, label: str) -> list[str]:
+    return next(line.split() for line in out.splitlines() if line.startswith(label))
+
+
+def test_no_argument_lists_recent_sweeps_and_runs_and_watch_refreshes(store, configure, multirun_job, monkeypatch,
+                                                                     capsys):
+    rec = record.create(*configure("run.name=listed"))  # before multirun_job makes this process a multirun's
+    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
+    job = record.create(*multirun_job(0, "sweep=lr_grid", "optim.lr=1e-3"))
+    client = MlflowClient(store["uri"])
+    client.log_metric(rec.run_id, "train/loss", 4.5, step=2)
+    client.log_metric(rec.run_id, "eval/macro_loss", 4.75, step=2)
+    client.set_terminated(rec.run_id, "FINISHED")
+
+    assert status.main(["--out-dir", str(store["out"]), "--watch", "0.01", "--count", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("runs (python -m marin.status <run>") == 2  # printed twice, then it stopped
+    assert _row(out, rec.run_dir.name)[1:] == ["FINISHED", "2/4", "4.5000", "4.7500", rec.run_id]
+    sweep_dir = client.get_run(job.run_id).data.tags["sweep_dir"]
+    assert _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[1:4] == ["RUNNING", "0/4", "jobs"]
+    assert job.run_dir.name not in out  # a sweep's jobs are under `marin.status <sweep>`
+
+
+def test_one_run_by_id_prefix_and_a_pending_slurm_job(store, configure, monkeypatch, tmp_path, capsys):
+    rec = record.create(*configure("run.name=queued"))
+    record.update_info(rec, slurm_jobs=["88"])  # as the Slurm launcher keeps it at submit time
+    _fake_sacct(tmp_path, monkeypatch, {}, queued={"88": "PENDING"})  # accounting lists it only once started
+    assert status.main([rec.run_id[:10], "--out-dir", str(store["out"])]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"run {rec.run_dir}"
+    assert _row(out, rec.run_dir.name)[1:4] == ["PENDING", "88", "PENDING"]
+
+
+@pytest.mark.slurm
+def test_a_queued_slurm_job_shows_pending(store, configure, capsys):
+    """On the local cluster: a held job (submitted, not started) is PENDING in its run's row."""
+    import subprocess
+
+    rec = record.create(*configure("run.name=held"))
+    job = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip().split(";")[0]
+    try:
+        record.update_info(rec, slurm_jobs=[job])
+        assert status.main([str(rec.run_dir)]) == 0
+        assert _row(capsys.readouterr().out, rec.run_dir.name)[1:4] == ["PENDING", job, "PENDING"]
+    finally:
+        subprocess.run(["scancel", job], timeout=60)

@@ -72,8 +72,10 @@ def test_every_sweep_composes_as_a_dry_run():
     assert [p["lr"]["adamw"] for p in plans] == [0.001, 0.003, 0.01, 0.03]
     done = _launch_py("-m", "sweep=ladder_cpu", "dry_run=true")
     assert done.returncode == 0, done.stderr[-2000:]
-    shapes = [line.split("layers")[1].split("(")[0].strip() for line in done.stdout.splitlines() if "width × layers" in line]
-    assert shapes == ["64 × 2", "96 × 3", "128 × 4"]
+    lines = done.stdout.splitlines()  # one row per job under one header, not a table per job
+    assert len(lines) == 4 and lines[0].split()[:4] == ["job", "d", "×", "L"], done.stdout
+    assert [" ".join(line.split()[1:4]) for line in lines[1:]] == ["64 × 2", "96 × 3", "128 × 4"]
+    assert [line.split()[0] for line in lines[1:]] == ["1/3", "2/3", "3/3"]
 
 
 def test_a_bad_job_stops_the_multirun_before_anything(tmp_path):

@@ -24,6 +24,7 @@ def test_metrics_tags_text_artifacts_read_back(configure, store, tmp_path):
     t = tracker.Tracker(rec)
     for step in range(5):
         t.log_metrics({"train/loss": 5.0 - step, "lr": 1e-3}, step=step)
+    t.log_metrics({"time/eval_s": 0.5, "data/tokens/web/pretrain": 64.0}, step=4)
     t.set_tags({"phase": "pretrain", "WANDB_API_KEY": "hunter2"})
     t.log_text("summary.txt", "done")
     t.log_artifact(tmp_path / "plan.txt")
@@ -33,6 +34,10 @@ def test_metrics_tags_text_artifacts_read_back(configure, store, tmp_path):
     assert [(m.step, m.value) for m in history] == [(s, 5.0 - s) for s in range(5)]
     run = client.get_run(rec.run_id)
     assert run.info.status == "FINISHED"
+    # bookkeeping is filed under usage/, so MLflow's UI (code-point order) lists train/ and eval/ first
+    names = sorted(run.data.metrics)
+    assert names == ["lr", "train/loss", "usage/data/tokens/web/pretrain", "usage/time/eval_s"]
+    assert {json.loads(line)["key"] for line in (rec.run_dir / tracker.METRICS).read_text().splitlines()} == set(names)
     assert run.data.tags["phase"] == "pretrain" and run.data.tags["WANDB_API_KEY"] != "hunter2"
     names = {a.path for a in client.list_artifacts(rec.run_id)}
     assert {"summary.txt", "plan.txt"} <= names
@@ -65,7 +70,9 @@ def test_unreachable_store_keeps_metrics_and_sends_them_later(configure, store, 
     assert sum("does not answer" in r.message for r in caplog.records) == 1  # warned once
     spilled = (real.run_dir / tracker.UNSENT).read_text().splitlines()
     assert [json.loads(line)["step"] for line in spilled] == [0, 1, 2]
-    assert tracker.send_unsent(real) == 3
+    t.report()                                                       # skipped: the store is away …
+    assert not (real.run_dir / "report.html").exists()
+    assert tracker.catch_up(real) == (3, real.run_dir / "report.html")   # … drawn when it is back
     assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"  # sent with them
     history = MlflowClient(store["uri"]).get_metric_history(real.run_id, "train/loss")
     assert sorted(m.step for m in history) == [0, 1, 2]
@@ -199,26 +206,39 @@ def test_a_frozen_server_never_stalls_the_caller(configure, store):
 
 
 def test_a_killed_process_leaves_its_run_failed(configure, store):
-    """SIGKILL gives no chance to end the run: the tracking process (marin.track.worker) ends it FAILED."""
+    """SIGKILL gives no chance to end the run: the tracking process (marin.track.worker) ends it
+    FAILED; also after a SIGTERM to the whole process group (which the trainer answers and the
+    tracking process ignores) and after the tracking process died and was replaced."""
     import signal
     import textwrap
 
     rec = record.create(*configure("run.name=trk-killed"))
     code = textwrap.dedent(f"""
-        import time
-        from marin.track import record, tracker
-        t = tracker.Tracker(record.open({str(rec.run_dir)!r}))
-        t.log_metrics({{"train/loss": 1.0}}, 1)
-        t.flush(timeout=60)  # the sender has started: the tracking process watches the run
-        print("logging", flush=True)
-        time.sleep(600)
+        import signal, sys
+        from marin.track import record, tracker, worker
+        signal.signal(signal.SIGTERM, lambda *_: None)  # the trainer's handler: a checkpoint, here nothing
+        t = tracker.Tracker(record.open({str(rec.run_dir)!r}), flush_every_s=0.0)
+        for step, _ in enumerate(iter(sys.stdin.readline, ""), start=1):  # one step per line from the test
+            t.log_metrics({{"train/loss": 1.0}}, step)
+            t.flush(timeout=60)  # the sender has started: the tracking process watches the run
+            print(worker.Worker.get()._process.pid, flush=True)
     """)
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                             stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "logging"
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def step() -> int:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        return int(child.stdout.readline())
+
+    first = step()
     deadline = time.monotonic() + 60
     while _status(store, rec) != "RUNNING" and time.monotonic() < deadline:  # its sender reopened it
         time.sleep(0.1)
+    os.killpg(child.pid, signal.SIGTERM)                  # scancel, Ctrl-C of a shell: every process
+    assert step() == first                                # the tracking process lived through it
+    os.kill(first, signal.SIGKILL)                        # and if it dies anyway, its successor watches
+    assert step() != first
     child.send_signal(signal.SIGKILL)
     child.wait()
     while _status(store, rec) == "RUNNING" and time.monotonic() < deadline:
@@ -277,4 +297,27 @@ def test_a_dead_tracking_process_loses_nothing_and_a_job_signal_does_not_end_it(
     assert worker.Worker.get() is not first
     history = MlflowClient(store["uri"]).get_metric_history(rec.run_id, "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3]
+    kept = [json.loads(line)["step"] for line in (rec.run_dir / tracker.METRICS).read_text().splitlines()]
+    assert kept == [1, 2, 3]                              # the retry replays nothing into the local record
     assert _status(store, rec) == "FINISHED" and not (rec.run_dir / tracker.UNSENT).exists()
+
+
+def test_system_metrics_are_logged_by_the_tracking_process_when_asked(configure, store):
+    """MLflow's monitor samples the machine into system/… metrics (tracking.system_metrics), and
+    stops with the run; a run without it has none."""
+    client = MlflowClient(store["uri"])
+    on = record.create(*configure("run.name=trk-sysmetrics"))
+    t = tracker.Tracker(on, flush_every_s=0.0, system_metrics_s=0.2)
+    t.log_metrics({"train/loss": 1.0}, step=1)
+    deadline = time.monotonic() + 60
+    while not any(k.startswith("system/") for k in client.get_run(on.run_id).data.metrics) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    t.finish("FINISHED")
+    names = set(client.get_run(on.run_id).data.metrics)
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= names, names
+    off = record.create(*configure("run.name=trk-nosysmetrics"))
+    t = tracker.Tracker(off, flush_every_s=0.0)
+    t.log_metrics({"train/loss": 1.0}, step=1)
+    time.sleep(0.5)
+    t.finish("FINISHED")
+    assert not any(k.startswith("system/") for k in client.get_run(off.run_id).data.metrics)

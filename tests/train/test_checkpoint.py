@@ -1,5 +1,7 @@
 """Checkpoints: round trip of a train-state-like tree, retention, atomicity, corrupt newest,
-content manifests, structure checks that never rename, the rolling (time) cadence."""
+per-process content manifests (a missing one refuses the checkpoint, never renames it), structure
+checks that never rename, the rolling (time) cadence. The manifests across processes: test_manifest.py."""
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -11,8 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from marin.train.checkpoint import (MANIFEST, Checkpointer, NoCheckpointError, StructureMismatch,
-                                    check_structure, listed_steps, restore_from)
+from marin.train import manifest
+from marin.train.checkpoint import Checkpointer, NoCheckpointError, StructureMismatch, check_structure, listed_steps, restore_from
 
 
 def config(every=1, keep_last=2, permanent=0, async_save=True, minutes=0.0):
@@ -40,7 +42,8 @@ def test_round_trip_keeps_state_and_meta(tmp_path):
     ckpt.wait()
     restored, meta = Checkpointer(tmp_path, config()).restore(state_at(0))
     assert same(restored, state_at(3))
-    assert meta == {"step": 3, "data_position": 3, "horizon": 100, "rng_seed": 7, "mlflow_run_id": "abc123"}
+    assert meta == {"step": 3, "data_position": 3, "horizon": 100, "rng_seed": 7, "mlflow_run_id": "abc123",
+                    "manifests": 1}
 
 
 def test_keeps_last_n_and_permanent_every_m(tmp_path):
@@ -124,8 +127,8 @@ def test_every_checkpoint_has_a_manifest_when_listed(tmp_path, async_save):
     ckpt = Checkpointer(tmp_path, config(async_save=async_save))
     ckpt.save(1, state_at(1), {})
     ckpt.wait()
-    manifest = json.loads((Path(ckpt.directory) / "1" / MANIFEST).read_text())["files"]
-    assert any(name.startswith("state/") for name in manifest) and any(name.startswith("meta/") for name in manifest)
+    files = json.loads((Path(ckpt.directory) / "1" / manifest.name(0)).read_text())["files"]
+    assert any(name.startswith("state/ocdbt.process_0/") for name in files) and "meta/metadata" in files
 
 
 def test_a_single_flipped_bit_is_detected_and_set_aside(tmp_path, caplog):
@@ -133,10 +136,7 @@ def test_a_single_flipped_bit_is_detected_and_set_aside(tmp_path, caplog):
     for step in (1, 2):
         ckpt.save(step, state_at(step), {})
     ckpt.wait()
-    victim = max(_data_files(Path(ckpt.directory) / "2"), key=lambda f: f.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    victim.write_bytes(bytes(data))
+    victim = _flip_a_bit(Path(ckpt.directory) / "2")
     with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
         restored, meta = Checkpointer(tmp_path, config()).restore(state_at(0))
     assert meta["step"] == 1 and same(restored, state_at(1))
@@ -159,14 +159,90 @@ def test_a_different_structure_never_renames_a_checkpoint(tmp_path):
     check_structure(tmp_path, jax.eval_shape(lambda: state_at(0)))  # the same structure passes
 
 
+def _flip_a_bit(step_dir: Path) -> Path:
+    victim = max(_data_files(step_dir), key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+def _as_before_manifests(step_dir: Path) -> None:
+    """What a checkpoint from before manifests looks like: none, and a meta that records none."""
+    (step_dir / manifest.name(0)).unlink()
+    meta = step_dir / "meta" / "metadata"
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "manifests"}))
+
+
 def test_checkpoint_from_before_manifests_restores_unverified(tmp_path, caplog):
     ckpt = Checkpointer(tmp_path, config())
     ckpt.save(1, state_at(1), {})
     ckpt.wait()
-    (Path(ckpt.directory) / "1" / MANIFEST).unlink()
+    _as_before_manifests(Path(ckpt.directory) / "1")
+    assert listed_steps(ckpt.directory) == [1]
     with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
         restored, _ = Checkpointer(tmp_path, config()).restore(state_at(0))
     assert same(restored, state_at(1)) and "restored unverified" in caplog.text
+
+
+def test_a_deleted_manifest_and_a_flipped_bit_fall_back_and_rename_nothing(tmp_path, caplog):
+    """Issue 20: the checkpoint says it was sealed; without its manifest it is not restored (the
+    one before is), and it stays where it is under its own name."""
+    ckpt = Checkpointer(tmp_path, config())
+    for step in (1, 2):
+        ckpt.save(step, state_at(step), {})
+    ckpt.wait()
+    newest = Path(ckpt.directory) / "2"
+    (newest / manifest.name(0)).unlink()
+    _flip_a_bit(newest)
+    assert listed_steps(ckpt.directory) == [1]   # what init_from and verify see
+    with caplog.at_level(logging.WARNING, logger="marin.checkpoint"):
+        restored, meta = Checkpointer(tmp_path, config()).restore(state_at(0))
+    assert meta["step"] == 1 and same(restored, state_at(1))
+    assert "lacks manifest.0.json" in caplog.text and "left in place" in caplog.text
+    assert "unverified" not in caplog.text and "before manifests" not in caplog.text
+    assert sorted(p.name for p in Path(ckpt.directory).iterdir()) == ["1", "2"]
+
+
+def test_the_only_checkpoint_without_its_manifest_is_refused(tmp_path):
+    ckpt = Checkpointer(tmp_path, config())
+    ckpt.save(1, state_at(1), {})
+    ckpt.wait()
+    (Path(ckpt.directory) / "1" / manifest.name(0)).unlink()
+    with pytest.raises(NoCheckpointError, match=r"a manifest missing, left in place: 1\)$") as err:
+        Checkpointer(tmp_path, config()).restore(state_at(0))
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in Path(ckpt.directory).iterdir()) == ["1"]
+    with pytest.raises(NoCheckpointError):
+        restore_from(tmp_path, state_at(0))   # init_from refuses it too
+
+
+def test_a_checkpoint_of_the_previous_version_is_still_verified(tmp_path, caplog):
+    """Process 0's single `marin_manifest.json` (whole-file sha256) still catches a flipped bit."""
+    ckpt = Checkpointer(tmp_path, config())
+    ckpt.save(1, state_at(1), {})
+    ckpt.wait()
+    step_dir = Path(ckpt.directory) / "1"
+    names = json.loads((step_dir / manifest.name(0)).read_text())["files"]
+    _as_before_manifests(step_dir)
+    legacy = {n: hashlib.sha256((step_dir / n).read_bytes()).hexdigest() for n in names}
+    (step_dir / manifest.LEGACY).write_text(json.dumps({"algorithm": "sha256", "files": legacy}))
+    assert same(Checkpointer(tmp_path, config()).restore(state_at(0))[0], state_at(1))
+    _flip_a_bit(step_dir)
+    with caplog.at_level(logging.WARNING, logger="marin.checkpoint"), pytest.raises(NoCheckpointError):
+        Checkpointer(tmp_path, config()).restore(state_at(0))
+    assert "does not match its sha256" in caplog.text and (Path(ckpt.directory) / "1.corrupt").is_dir()
+
+
+def test_retention_keeps_the_newest_sealed_checkpoint_until_the_next_is_sealed(tmp_path):
+    ckpt = Checkpointer(tmp_path, config(keep_last=1))
+    ckpt.save(1, state_at(1), {})
+    ckpt.save(2, state_at(2), {})    # step 1 is sealed by now: kept while step 2 is hashed
+    ckpt.wait()
+    assert listed_steps(ckpt.directory) == [1, 2]
+    ckpt.save(3, state_at(3), {})    # step 2 sealed: step 1 may go
+    ckpt.wait()
+    assert listed_steps(ckpt.directory) == [2, 3] and ckpt.newest_sealed == 2
 
 
 def test_rolling_checkpoint_is_due_by_the_clock(tmp_path):

@@ -48,8 +48,8 @@ def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog, mon
     train step, and the points still train differently (the in-process memo of
     marin.train.step.jit_steps). A fresh persistent compilation cache: with the suite's shared
     one, a cache hit logs no compile at all."""
-    from tests.train.test_loop import start
     from marin.train.loop import train
+    from tests.train.test_loop import start
 
     monkeypatch.setenv("MARIN_JAX_CACHE", str(tmp_path / "jax-cache"))
     losses = []

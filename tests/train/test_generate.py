@@ -73,10 +73,44 @@ def test_command_line_prints_the_same_ids(run, model, capsys):
     assert out["text"].startswith("def main():")
 
 
+def test_text_is_streamed_and_the_checkpoint_step_named(run, model, capsys):
+    rec, cfg = run
+    ids = prompt(model)
+    assert generate.main([str(rec.run_dir), "--prompt", "def main():\n    ", "--max-new-tokens", str(N),
+                          "--temperature", "1.0", "--top-k", "50", "--seed", "1", "--ignore-eos"]) == 0
+    out = capsys.readouterr()
+    new = generate.generate(model, ids, N, 1.0, 50, seed=1, stop_at_eos=False)  # test_sampling's: compiled once
+    assert out.out == model.tokenizer.decode(ids + new) + "\n"
+    assert f"checkpoint: step {cfg.train.steps} of run {rec.run_dir.name}" in out.err
+
+
+def test_the_stream_writes_each_token_and_waits_out_half_a_character(model):
+    class Out:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    tok = model.tokenizer
+    ids = [int(i) for i in tok.encode_batch(["ab é"])[0]]
+    out = Out()
+    stream = generate.Stream(tok, ids[:1], out)
+    for i in ids[1:]:
+        stream(i)
+    stream.end()
+    assert "".join(out.writes) == "ab é\n" and len(out.writes) >= 4   # streamed, not one write at the end
+    assert not any("\ufffd" in w for w in out.writes)                 # é's first byte alone is not shown
+
+
 @pytest.mark.parametrize("args, says", [
     (["--prompt-ids", "72,105,9999"], "outside the model's vocabulary"),
     (["--prompt", ""], "empty"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--prompt", "hi", "--max-new-tokens", "100000000000"], "--max-new-tokens must be 1 to 100,000"),
     (["--prompt", "hi", "--temperature", "-1"], "--temperature"),
 ])
 def test_bad_prompts_and_options_are_one_line_exit_2(run, capsys, args, says):

@@ -1,12 +1,13 @@
 """The training loop end to end on a tiny model: the loss falls, MLflow holds the run, a
 non-finite loss stops the run with a clear error."""
 import math
+import re
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import compose_dict
 from marin.launch.checks import load
+from tests.helpers import compose_dict
 
 TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
         "train.eval_batches=1", "optim.lr=1e-2"]
@@ -20,32 +21,37 @@ def start(tmp_path, *overrides):
     return cfg, record.create(composed, cfg, list(overrides))
 
 
-def test_loss_falls_and_run_is_tracked(tmp_path):
+def test_loss_falls_and_run_is_tracked(tmp_path, capsys):
     """MLflow holds every metric, the params and the FINISHED status; run.log keeps the progress
-    bar's eval lines and its last state."""
+    bar's eval lines and its last state; the run's last line on stdout sums it up."""
     from marin.train.loop import train
 
     cfg, rec = start(tmp_path, "train.steps=40")
     summary = train(cfg, rec)
     log = (rec.run_dir / "run.log").read_text()
     assert "step 10: " in log and "macro_loss" in log and "40/40" in log, log
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == (f"finished at step 40 of 40: train loss {summary['loss']:.4f}, eval loss "
+                    f"{summary['eval/macro_loss']:.4f}; run directory {rec.run_dir}; mlflow run {rec.run_id} "
+                    f"({rec.tracking_uri}); report {rec.run_dir / 'report.html'}"), line
+    assert line in log
     client = MlflowClient(rec.tracking_uri)
     losses = [m.value for m in sorted(client.get_metric_history(rec.run_id, "train/loss"), key=lambda m: m.step)]
     assert len(losses) == 40
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 0.5, (first, last)
     run = client.get_run(rec.run_id)
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.tags["ended"] == "finished at step 40 of 40"
     per_layer = [f"train/{m}/layer_{i}" for m in ("dropped_frac", "load_spread") for i in range(cfg.model.num_layers)]
     for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/dropped_frac", "eval/macro_loss",
-                 "time/eval_s", *per_layer):
+                 "usage/time/eval_s", *per_layer):   # bookkeeping sorts after train/, eval/ in MLflow's UI
         assert name in run.data.metrics, name
     assert any(k.startswith("eval/") and k.endswith("/loss") and k != "eval/macro_loss" for k in run.data.metrics)
     assert run.data.params["model.d_model"] == str(cfg.model.d_model)
     assert math.isfinite(summary["loss"])
 
 
-def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
     from marin.train.components import NonFiniteLoss
     from marin.train.loop import train
 
@@ -53,6 +59,51 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
     with pytest.raises(NonFiniteLoss, match="non-finite loss"):
         train(cfg, rec)
     assert MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.status == "FAILED"
+    (line,) = capsys.readouterr().out.splitlines()
+    assert re.match(r"failed at step \d of 5 \(NonFiniteLoss\): train loss .*, eval loss –; run directory ", line), line
+    assert line.endswith(f"; continue with: python launch.py resume={rec.run_dir}"), line
+
+
+def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
+    """train.stop_after=3 of 8: the bar and the report show 3/8, the MLflow run is tagged where it
+    stopped, the last line names the resume= command; resume= with that stop_after again has
+    nothing to run and says so (exit 0, the report untouched)."""
+    from marin.launch.entry import _dispatch
+    from marin.train.loop import train
+
+    cfg, rec = start(tmp_path, "train.steps=8", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32")
+    train(cfg, rec)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("stopped at step 3 of 8 (train.stop_after): train loss "), line
+    assert line.endswith(f"; continue with: python launch.py resume={rec.run_dir}"), line
+    assert "3/8" in (rec.run_dir / "run.log").read_text()
+    run = MlflowClient(rec.tracking_uri).get_run(rec.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ended"] == "stopped at step 3 of 8 (train.stop_after)"
+    report = rec.run_dir / "report.html"
+    page = report.read_text()
+    assert "3 / 8" in page and "stopped at step 3 of 8" in page
+
+    written = report.stat().st_mtime_ns
+    _dispatch(compose_dict(f"resume={rec.run_dir}", "train.stop_after=3"), [f"resume={rec.run_dir}", "train.stop_after=3"])
+    out = capsys.readouterr().out
+    assert f"run {rec.run_id} is already at step 3 of 8 (train.stop_after=3): nothing to run" in out, out
+    assert report.stat().st_mtime_ns == written
+
+
+def test_resume_of_a_finished_run_says_so_and_runs_nothing(tmp_path_factory, capsys):
+    from marin.launch.entry import _dispatch
+    from tests.trained import tiny_run
+
+    rec, _ = tiny_run(tmp_path_factory)
+    capsys.readouterr()  # its own training's lines, if this test trained it
+    report = rec.run_dir / "report.html"
+    written, ended = report.stat().st_mtime_ns, MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.end_time
+    _dispatch(compose_dict(f"resume={rec.run_dir}"), [f"resume={rec.run_dir}"])  # returns: exit 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"run {rec.run_id} is finished (step 4 of 4): nothing to resume; its report: {report}. To train on "
+                   f"from its weights, start a new run with train.init_from={rec.run_dir}"], out
+    assert report.stat().st_mtime_ns == written
+    assert MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.end_time == ended
 
 
 @pytest.mark.slow
@@ -65,7 +116,7 @@ def test_context_extension_stage_starts_from_another_runs_checkpoint(tmp_path):
     cfg, first = start(tmp_path, *short)
     train(cfg, first)
     cfg, stage = start(tmp_path, "train.steps=8", "train.seq_len=64", "train.eval_every=0", "attention.qk_mult=auto",
-                       f"train.init_from={first.run_dir}", "train.init_seq_len=32")
+                       f"train.init_from={first.run_dir}", "train.init_from_mode=continue", "train.init_seq_len=32")
     assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * math.log(2)))
     train(cfg, stage)
     steps = [m.step for m in MlflowClient(stage.tracking_uri).get_metric_history(stage.run_id, "train/loss")]
@@ -89,7 +140,7 @@ def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
     median = statistics.median(tps.values())
     spikes = {step: round(v / median, 1) for step, v in tps.items() if v > 3 * median}
     assert not spikes, f"steps with tokens/s above 3x the median {median:.0f}: {spikes}"
-    assert {r["step"] for r in rows if r["key"] == "time/eval_s"} == {5, 10, 15, 20, 25, 30}
+    assert {r["step"] for r in rows if r["key"] == "usage/time/eval_s"} == {5, 10, 15, 20, 25, 30}
 
 
 @pytest.mark.slow

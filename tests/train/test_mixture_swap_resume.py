@@ -14,9 +14,9 @@ B_MIX = ["data.sources.0.weights=[0.75]", "data.sources.1.weights=[0.25]"]  # A:
 
 
 def _saved_meta(run_dir, step: int) -> dict:
-    from marin.train.checkpoint import Checkpointer, checkpoint_dir  # noqa: F401
-
     import orbax.checkpoint as ocp
+
+    from marin.train.checkpoint import Checkpointer, checkpoint_dir  # noqa: F401
 
     manager = ocp.CheckpointManager(checkpoint_dir(run_dir), item_handlers={"meta": ocp.JsonCheckpointHandler()})
     return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)

@@ -75,7 +75,7 @@ def test_poll_passes_the_rolling_checkpoint_decision():
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     """launch.py in a subprocess; the signal comes once the first step is logged. The run lives
-    under a folder with a space: the printed resume command is shell-quoted."""
+    under a folder with a space: the resume command in the run's last line (stdout) is shell-quoted."""
     import re
     import shlex
     import sys
@@ -87,11 +87,11 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     root = Path(__file__).resolve().parents[2]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    err, out = tmp_path / "stderr.txt", tmp_path / "my runs"
-    with err.open("w") as stderr:
+    err, out, said = tmp_path / "stderr.txt", tmp_path / "my runs", tmp_path / "stdout.txt"
+    with err.open("w") as stderr, said.open("w") as stdout:
         proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", "train.steps=100000", "train.seq_len=32",
                                  "train.global_batch=4", "train.eval_every=0", f"run.out_dir={out}",
-                                 f"tracking.uri={uri}"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+                                 f"tracking.uri={uri}"], cwd=root, env=env, stdout=stdout, stderr=stderr)
         deadline = time.monotonic() + 300
         while "loss=" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -101,9 +101,11 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     assert rc == code, text[-3000:]
     run_dir = Path(re.search(r"run directory: (.+)", text).group(1))
     assert run_dir.parent.parent == out
-    lines = [line for line in text.replace("\r", "\n").splitlines() if "resume=" in line]
-    assert len(lines) == 1, lines
-    assert shlex.split(lines[0].split("continue with: ")[1]) == ["python", "launch.py", f"resume={run_dir}"], lines
+    assert "resume=" not in text  # said once, in the summary line
+    (line,) = said.read_text().splitlines()
+    assert re.match(rf"killed at step \d+ of 100000 \({signal.Signals(sig).name}, checkpoint saved\): train loss \d", line)
+    assert f"; run directory {run_dir}; mlflow run " in line and f"; report {run_dir / 'report.html'}; " in line, line
+    assert shlex.split(line.split("continue with: ")[1]) == ["python", "launch.py", f"resume={run_dir}"], line
     assert "Traceback" not in text
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
     run_id = json.loads((run_dir / "record.json").read_text())["run_id"]

@@ -1,0 +1,174 @@
+"""`python -m marin.lineage <run>`: the chain of forks a run descends from, and its stitched curve.
+
+A fork (`launch.py fork=<run>@<step>`, marin/launch/fork.py) says `fork=<parent run id>@<step>`
+and `train.init_from=<parent dir>@<step>` in its resolved.yaml; following those back gives the
+lineage, oldest first: each run with the steps it was in force for and what it changed against
+the run before. A metric of the lineage is stitched: each step takes its value from the run in
+force at that step (spec §8), so `--metric train/loss` prints one curve across the cutovers.
+
+`python -m marin.lineage mochi_hero` (a file under conf/lineage/, or `--published`) prints the
+published lineage instead: the hero's seven production runs and their cutovers.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from marin.cli import Parser, fail, setup_logging
+from marin.config.paths import CONF_DIR
+from marin.track import record
+from marin.track.tracker import METRICS
+from marin.train.init_from import Start, split
+
+PUBLISHED_DIR = CONF_DIR / "lineage"
+
+
+@dataclass
+class Link:
+    """One run of a lineage: in force for steps from_step+1 … to_step (to_step None: its end)."""
+    run_id: str
+    run_dir: Path
+    name: str
+    from_step: int
+    to_step: int | None
+    changes: dict = field(default_factory=dict)   # {key: [the run before's, this run's]}
+
+
+def _resolved(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / record.RESOLVED).read_text()) or {}
+
+
+def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None) -> tuple[record.RunRecord, int] | None:
+    """The run this one was forked from and the step, or None for a lineage's first run."""
+    spec = resolved.get("fork")
+    if not spec:
+        return None
+    ref, step = split(spec)
+    parent_dir, _ = split((resolved.get("train") or {}).get("init_from") or "")
+    for candidate in (parent_dir, ref):  # the directory as forked; else the run id in its store
+        try:
+            return record.open(candidate, tracking_uri=tracking_uri), step
+        except record.RecordError:
+            continue
+    raise record.RecordError(f"{run_dir}: its parent {spec} is not found (neither {parent_dir} nor in the store)")
+
+
+def last_step(run_dir: Path, key: str = "train/loss") -> int | None:
+    steps = [row["step"] for row in _rows(run_dir) if row.get("key") == key]
+    return max(steps) if steps else None
+
+
+def chain(ref: str, tracking_uri: str | None = None) -> list[Link]:
+    """The lineage of the run `ref` (a run directory or MLflow run id), oldest first."""
+    rec = record.open(ref, tracking_uri=tracking_uri)
+    links: list[Link] = []
+    seen = set()
+    while rec is not None and rec.run_id not in seen:
+        seen.add(rec.run_id)
+        resolved = _resolved(rec.run_dir)
+        found = _parent(rec.run_dir, resolved, tracking_uri)
+        step = found[1] if found else 0
+        changes = Start(found[0].run_dir / "checkpoints", step, step).changes(OmegaConf.create(resolved)) if found else {}
+        links.append(Link(rec.run_id, rec.run_dir, (resolved.get("run") or {}).get("name", "?"), step, None, changes))
+        rec = found[0] if found else None
+    links.reverse()
+    for before, after in zip(links, links[1:]):
+        before.to_step = after.from_step
+    links[-1].to_step = last_step(links[-1].run_dir)
+    return links
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut short by a crash
+            continue
+    return rows
+
+
+def stitch(links: list[Link], key: str = "train/loss") -> list[tuple[int, float, str]]:
+    """[(step, value, run id)] of `key` across the lineage: each step from the run in force then."""
+    out = {}
+    for link in links:
+        for row in _rows(link.run_dir):
+            step = row.get("step")
+            if row.get("key") == key and step > link.from_step and (link.to_step is None or step <= link.to_step):
+                out[step] = (step, row["value"], link.run_id)
+    return [out[s] for s in sorted(out)]
+
+
+def describe(changes: dict) -> str:
+    return "; ".join(f"{k}: {a} → {b}" for k, (a, b) in changes.items()) or "none"
+
+
+def print_chain(links: list[Link], out=None) -> None:
+    out = out or sys.stdout
+    print(f"lineage of run {links[-1].run_id}: {len(links)} run{'s' if len(links) != 1 else ''}", file=out)
+    width = max(len(link.name) for link in links)
+    for i, link in enumerate(links):
+        steps = f"{link.from_step}–{'' if link.to_step is None else link.to_step}"
+        what = "first run" if i == 0 else f"forked at {link.from_step}: {describe(link.changes)}"
+        print(f"  {link.name:<{width}}  {link.run_id}  steps {steps:<13}  {what}", file=out)
+        print(f"  {'':<{width}}  {link.run_dir}", file=out)
+
+
+def published(name: str) -> dict | None:
+    path = PUBLISHED_DIR / f"{name}.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+def print_published(data: dict, out=None) -> None:
+    out = out or sys.stdout
+    runs = data["runs"]
+    print(f"published lineage {data['name']}: {len(runs)} runs, each forked from a checkpoint step of the one "
+          f"before (conf/lineage/{data['name']}.yaml)", file=out)
+    width = max(len(r["run"]) for r in runs)
+    for r in runs:
+        steps = f"{r['from_step']:,}–{'' if r.get('to_step') is None else format(r['to_step'], ',')}"
+        print(f"  {r['run']:<{width}}  steps {steps:<17}  {r['changed']}", file=out)
+    print("as commands:", file=out)
+    print(f"  {data['launch']}", file=out)
+    for before, r in zip(runs, runs[1:]):
+        print(f"  python launch.py fork={before['run']}@{r['from_step']} run.name={r['run']}"
+              + "".join(f" {o}" for o in r.get("overrides") or []), file=out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = Parser(prog="python -m marin.lineage", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="run directory or MLflow run id; or a published lineage (conf/lineage/<name>.yaml)")
+    p.add_argument("--published", action="store_true", help="read `run` as a published lineage's name")
+    p.add_argument("--metric", help="also print this metric stitched across the lineage (e.g. train/loss)")
+    p.add_argument("--tracking-uri", help="the MLflow store to look a run id up in")
+    args = p.parse_args(argv)
+    setup_logging()
+    data = published(args.run)
+    if args.published or (data is not None and not Path(args.run).exists()):
+        if data is None:
+            names = ", ".join(sorted(f.stem for f in PUBLISHED_DIR.glob("*.yaml"))) or "none"
+            fail(f"lineage: no published lineage {args.run!r} (conf/lineage/: {names})")
+        print_published(data)
+        return
+    try:
+        links = chain(args.run, args.tracking_uri)
+    except record.RecordError as err:
+        fail(f"lineage: {err}")
+    print_chain(links)
+    if args.metric:
+        points = stitch(links, args.metric)
+        print(f"{args.metric}, stitched: {len(points)} steps")
+        for step, value, run_id in points:
+            print(f"  {step:>8}  {value!r:<22}  {run_id}")
+
+
+if __name__ == "__main__":
+    main()

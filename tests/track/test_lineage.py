@@ -1,0 +1,56 @@
+"""`python -m marin.lineage`: a fork's chain back to its first run, the metric stitched across it
+(each step from the run in force), and the hero's published lineage (conf/lineage/mochi_hero.yaml)."""
+import io
+import json
+
+import pytest
+
+from marin import lineage
+from tests.trained import fork_of, forkable_run
+
+
+@pytest.mark.slow
+def test_lineage_prints_the_chain_and_stitches_the_loss(tmp_path_factory, capsys):
+    parent = forkable_run(tmp_path_factory)
+    child = fork_of(tmp_path_factory, "optim.lr=0.005")
+    links = lineage.chain(str(child.run_dir))
+    assert [(link.run_id, link.from_step, link.to_step) for link in links] == [(parent.run_id, 0, 3), (child.run_id, 3, 6)]
+    assert links[1].changes["optim.lr"][1] == 0.005 and "run.name" not in links[1].changes
+    points = lineage.stitch(links, "train/loss")
+    assert [(s, r) for s, _, r in points] == [(1, parent.run_id), (2, parent.run_id), (3, parent.run_id),
+                                              (4, child.run_id), (5, child.run_id), (6, child.run_id)]
+    own = {row["step"]: row["value"] for row in map(json.loads, (child.run_dir / "metrics.jsonl").read_text().splitlines())
+           if row["key"] == "train/loss"}
+    assert [v for s, v, _ in points if s > 3] == [own[4], own[5], own[6]]    # the fork's values, not the parent's
+
+    lineage.main([child.run_id, "--tracking-uri", child.tracking_uri, "--metric", "train/loss"])
+    out = capsys.readouterr().out
+    assert f"lineage of run {child.run_id}: 2 runs" in out
+    assert "forked at 3: optim.lr: 0.003 → 0.005" in out and "train/loss, stitched: 6 steps" in out
+
+    from marin import status  # marin.status and the report stitch too
+    from marin.track import report
+
+    shown = io.StringIO()
+    status.show_run(child, shown)
+    assert f"train/loss stitched across the lineage: 6 steps, latest {own[6]:.4f} at step 6" in shown.getvalue()
+    assert "Lineage (train/loss stitched across forks)" in report.run_page(child)
+
+
+def test_published_hero_lineage_prints_its_seven_runs_as_commands(capsys):
+    lineage.main(["mochi_hero"])
+    out = capsys.readouterr().out
+    assert "published lineage mochi_hero: 7 runs" in out
+    for run, steps in [("hero-12d8b6f0-dee637", "0–58,014"), ("hero-wd-gate-router-p02-step58k", "58,014–81,716"),
+                       ("hero-ragged_a2a-nccl2307-ep-step81k", "81,716–108,000"),
+                       ("hero-mix-996f4891-step108k", "108,000–108,778"), ("hero-nopdl-step108k", "108,778–121,638"),
+                       ("hero-main-step121638", "121,638–146,139"), ("hero-fa4sm100-nomask-step146k", "146,139–")]:
+        assert run in out and steps in out
+    assert "fork=hero-wd-gate-router-p02-step58k@81716 run.name=hero-ragged_a2a-nccl2307-ep-step81k model.ep_transport=ragged" in out
+    assert "fork=hero-ragged_a2a-nccl2307-ep-step81k@108000 run.name=hero-mix-996f4891-step108k data=mochi_hero_108k" in out
+
+
+def test_unknown_published_lineage_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        lineage.main(["no_such_lineage", "--published"])
+    assert exit_.value.code == 2 and "no published lineage 'no_such_lineage' (conf/lineage/: mochi_hero)" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Naming a run or a sweep (marin.track.refs): unique prefixes of names and ids, a sweep's job by its
+override name. Run and sweep directories made by hand (the files the resolver reads): no store."""
+import json
+
+import pytest
+
+from marin.track import record, refs, sweep
+
+RUN_A = "a1b2c3d4" + "0" * 24
+RUN_B = "a1b2ffff" + "1" * 24
+PARENT = "9f8e7d6c" + "2" * 24
+
+
+def _run(out, name: str, run_id: str):
+    run_dir = out / "runs" / name
+    run_dir.mkdir(parents=True)
+    info = {"run_id": run_id, "tracking_uri": f"sqlite:///{out}/mlflow.db", "experiment": "default"}
+    (run_dir / record.INFO).write_text(json.dumps(info))
+    (run_dir / record.COMPOSED).write_text("train: {}\n")
+    return run_dir
+
+
+@pytest.fixture
+def out(tmp_path):
+    """Two runs, and a sweep `router_ablation` whose jobs are those runs (qb and softmax_aux)."""
+    a = _run(tmp_path, "tiny-0a0a0a0a-20261201-100000-abcdef", RUN_A)
+    b = _run(tmp_path, "tiny-0a0a0a0a-20261201-110000-123456", RUN_B)
+    folder = tmp_path / "sweeps" / "router_ablation-5e5e5e5e"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"parent_run_id": PARENT, "tracking_uri": "sqlite:///x"}))
+    jobs = [{"run_id": RUN_A, "run_dir": str(a), "overrides": ["router=qb", "optim.lr=0.001"]},
+            {"run_id": RUN_B, "run_dir": str(b), "overrides": ["router=softmax_aux", "optim.lr=0.001"]}]
+    (folder / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    return tmp_path
+
+
+def test_a_unique_prefix_of_a_run_id_or_directory_name(out):
+    assert refs.find_run("a1b2c3", out).name.endswith("abcdef")
+    assert refs.find_run("tiny-0a0a0a0a-20261201-11", out).name.endswith("123456")
+    assert record.open("a1b2ff", out_dir=out).run_id == RUN_B  # every tool opens runs through record.open
+    with pytest.raises(refs.RefError, match=r"a1b2: names 2 runs: .*; give more of it"):
+        refs.find_run("a1b2", out)
+    with pytest.raises(record.RecordError, match="no run directory, directory name, run id or unique prefix"):
+        record.open("zzz", out_dir=out)
+    assert refs.find_run(RUN_A.replace("a1", "b1"), out) == RUN_A.replace("a1", "b1")  # a full id: the store's
+
+
+def test_a_sweeps_job_by_its_override_name(out):
+    assert refs.find_run("router_ablation/router=qb", out).name.endswith("abcdef")  # part of lr=0.001,router=qb
+    assert refs.find_run("router_ablation-5e5e/lr=0.001,router=softmax_aux", out).name.endswith("123456")
+    assert refs.find_run("9f8e7d/router=softmax_aux", out).name.endswith("123456")  # the parent's id prefix
+    assert refs.find_run("router_ablation/lr:0.001+router:qb", out).name.endswith("abcdef")  # as Hydra takes it
+    with pytest.raises(refs.RefError, match="names 2 jobs"):
+        refs.find_run("router_ablation/lr=0.001", out)
+    with pytest.raises(refs.RefError, match=r"no job of sweep router_ablation-5e5e5e5e is named router=x \(its jobs: "):
+        refs.find_run("router_ablation/router=x", out)
+    gone = out / "runs" / "tiny-0a0a0a0a-20261201-100000-abcdef"
+    gone.rename(out / "elsewhere")
+    assert refs.find_run("router_ablation/router=qb", out) == RUN_A  # not here: the store knows its directory
+
+
+def test_a_sweep_by_name_directory_or_prefix(out):
+    folder = out / "sweeps" / "router_ablation-5e5e5e5e"
+    assert refs.find_sweep("router_ablation", out) == folder
+    assert refs.find_sweep("router_abl", out) == folder and refs.find_sweep("9f8e", out) == folder
+    assert refs.names_sweep("router_ablation", out) and not refs.names_sweep("a1b2c3", out)
+    assert refs.find_sweep("lr_grid", out) == "lr_grid"  # open_parent says there is no such sweep
+    with pytest.raises(sweep.SweepNotFound, match="no sweep of that name"):
+        refs.open_sweep("lr_grid", out_dir=out)

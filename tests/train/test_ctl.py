@@ -1,0 +1,110 @@
+"""`python -m marin.ctl checkpoint <run>` (marin/ctl.py): refusals in-process, then a forced
+checkpoint in a real launch.py run that goes on to finish (the Slurm side: tests/launch/test_slurm.py)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from marin import ctl
+from marin.train import manifest, preempt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ctl_main(*args: str, capsys) -> tuple[int, str, str]:
+    try:
+        code = ctl.main(list(args))
+    except SystemExit as end:
+        code = end.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fake_run(tmp_path: Path) -> Path:
+    """The files `record.open` needs, no process."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "record.json").write_text(json.dumps({"run_id": "0" * 32, "tracking_uri": "sqlite:///x.db",
+                                                     "experiment": "default"}))
+    (run_dir / "composed.yaml").write_text("{}\n")
+    return run_dir
+
+
+def test_a_missing_run_is_one_line_exit_2(tmp_path, capsys):
+    code, out, err = ctl_main("checkpoint", str(tmp_path / "nope"), capsys=capsys)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_a_run_whose_process_is_gone_or_reused_is_not_signalled(tmp_path, capsys):
+    run_dir = fake_run(tmp_path)
+    preempt.announce(run_dir, 0)            # this test process, as if it were the run ...
+    entry = json.loads((run_dir / "processes" / "0.json").read_text())
+    assert ctl.alive_here(entry)
+    entry["started"] = str(int(entry["started"]) + 1)   # ... but its pid now belongs to another process
+    (run_dir / "processes" / "0.json").write_text(json.dumps(entry))
+    old = signal.signal(signal.SIGUSR1, lambda *a: pytest.fail("a reused pid was signalled"))
+    try:
+        code, out, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert code == 2 and "no running process" in err and err.count("\n") == 1, err
+
+
+def test_sigusr1_asks_for_one_checkpoint_at_the_next_step_boundary():
+    old = {s: signal.getsignal(s) for s in (*preempt.SIGNALS, *preempt.STOP_SIGNALS, preempt.CHECKPOINT_SIGNAL)}
+    preempt.reset()
+    try:
+        preempt.install()
+        assert preempt.poll() == (0, preempt.Save.NONE)
+        os.kill(os.getpid(), signal.SIGUSR1)   # would end the process without the handler
+        os.kill(os.getpid(), signal.SIGUSR1)   # two asks before one boundary: one checkpoint
+        assert preempt.poll(time_due=True) == (0, preempt.Save.FORCED)
+        assert preempt.poll() == (0, preempt.Save.NONE)   # asked once, taken once; the run goes on
+    finally:
+        preempt.reset()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.slow
+def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capsys):
+    """launch.py, tiny model, 200 steps; `marin.ctl checkpoint` once the first step is logged."""
+    from mlflow import MlflowClient
+
+    uri, steps = f"sqlite:///{tmp_path}/mlflow.db", 200
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", f"train.steps={steps}", "train.seq_len=32",
+                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
+                                 f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 300
+        while "loss=" not in err_path.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run_dir = Path(re.search(r"run directory: (.+)", err_path.read_text()).group(1))
+        code, out, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
+        assert code == 0 and f"process {proc.pid} (SIGUSR1)" in out, out + err
+        rc = proc.wait(timeout=300)
+    text = err_path.read_text()
+    assert rc == 0, text[-3000:]
+    forced = re.search(r"forced checkpoint at step (\d+) written and verified", (run_dir / "run.log").read_text())
+    assert forced, (run_dir / "run.log").read_text()[-2000:]
+    step = int(forced.group(1))
+    assert 1 <= step < steps                          # at a step boundary, before the end
+    step_dir = run_dir / "checkpoints" / str(step)
+    assert not manifest.missing(step_dir) and manifest.damage(step_dir) is None and manifest.kind(step_dir) == "per-process"
+    run = MlflowClient(uri).get_run(json.loads((run_dir / "record.json").read_text())["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["checkpoint.forced"] == str(step)
+    history = MlflowClient(uri).get_metric_history(run.info.run_id, "usage/checkpoint/forced")
+    assert [(m.step, m.value) for m in history] == [(step, step)]
+    assert max(m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")) == steps
+    assert not list((run_dir / "processes").iterdir())   # gone with the run ...
+    code, _, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
+    assert code == 2 and "no running process" in err  # ... so a finished run is not signalled

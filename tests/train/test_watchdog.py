@@ -1,0 +1,202 @@
+"""The hang watchdog (marin/train/watchdog.py): its clock in-process, then a real hang injected with
+`debug.hang_at_step` into a tiny launch.py run (the stacks, the exit status, the detection time)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from marin.train import watchdog
+from marin.train.preempt import WATCHDOG_EXIT
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENS = f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"  # the project's token cache: tokenized once
+
+
+class Exits:
+    """Stands in for os._exit, so the test process survives the watchdog's firing."""
+
+    def __init__(self):
+        self.codes = []
+
+    def __call__(self, code):
+        self.codes.append(code)
+
+
+def beat_for(dog, seconds: float, step: int) -> int:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        step += 1
+        dog.beat(step)
+        time.sleep(0.02)
+    return step
+
+
+def test_fires_only_when_steps_stop_not_during_the_first_step_or_slow_work(capfd):
+    exits = Exits()
+    dog = watchdog.Watchdog(0.3, exit=exits, grace_s=0)
+    try:
+        time.sleep(0.6)                 # the first step (restore, compile): the slow allowance
+        step = beat_for(dog, 0.6, 0)    # steps keep coming
+        with dog.slow():                # an eval or a checkpoint, longer than the limit
+            time.sleep(0.6)
+        step = beat_for(dog, 0.3, step)
+        assert exits.codes == []
+        stopped_at = time.monotonic()
+        while not exits.codes and time.monotonic() - stopped_at < 5:
+            time.sleep(0.01)
+        assert exits.codes == [WATCHDOG_EXIT]
+    finally:
+        dog.stop()
+    err = capfd.readouterr().err
+    fired = re.search(r"no step completed for ([\d.]+) s \(allowed 0.3 s\) after step (\d+)", err)
+    assert fired and float(fired.group(1)) >= 0.3 and int(fired.group(2)) == step, err[:500]
+    assert "test_fires_only_when_steps_stop" in err  # every thread's stack, this one's included
+
+
+def test_off_without_a_limit():
+    dog = watchdog.Watchdog(None)
+    assert dog._thread is None
+    dog.beat(1)
+    with dog.slow():
+        pass
+
+
+def test_the_injected_hang_happens_once_per_run(tmp_path):
+    cfg = SimpleNamespace(debug=SimpleNamespace(hang_at_step=3, hang_process=0))
+    watchdog.hang_if_asked(cfg, 2, tmp_path)  # another step: nothing
+    (tmp_path / watchdog.HANG_MARKER).write_text("{}")
+    watchdog.hang_if_asked(cfg, 3, tmp_path)  # it happened before this restart: nothing
+
+
+@pytest.mark.slow
+def test_a_hung_run_dumps_its_stacks_and_exits_124_within_the_limit(tmp_path):
+    """launch.py, tiny model, limit 3 s, process 0 hangs before step 3 (about 15 s)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    limit_s = 3.0
+    done = subprocess.run([sys.executable, "launch.py", "model=tiny", "train.steps=8", "train.seq_len=32",
+                           "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}", f"tracking.uri={uri}",
+                           f"train.watchdog_minutes={limit_s / 60}", "debug.hang_at_step=3", TOKENS],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == WATCHDOG_EXIT, done.stderr[-3000:]
+    fired = re.search(r"watchdog: process 0: no step completed for ([\d.]+) s \(allowed ([\d.]+) s\) after step 2",
+                      done.stderr)
+    assert fired, done.stderr[-3000:]
+    assert float(fired.group(2)) == limit_s
+    assert limit_s < float(fired.group(1)) < limit_s + 60        # caught within the limit plus one minute
+    assert "in hang_if_asked" in done.stderr.split("watchdog: process 0")[1]  # the main thread's stack
+    run_dir = Path(re.search(r"run directory: (.+)", done.stderr).group(1))
+    log = (run_dir / "run.log").read_text()
+    assert "watchdog: process 0" in log and "in hang_if_asked" in log
+    assert json.loads((run_dir / watchdog.HANG_MARKER).read_text()) == {"step": 3, "process": 0}
+    run_id = json.loads((run_dir / "record.json").read_text())["run_id"]
+    end = time.monotonic() + 60  # the tracking process ends the run of a process that died
+    while (status := MlflowClient(uri).get_run(run_id).info.status) == "RUNNING" and time.monotonic() < end:
+        time.sleep(0.5)
+    assert status == "FAILED"
+
+
+def test_the_hero_has_production_watchdog_and_other_runs_none():
+    from tests.helpers import make_config
+
+    assert make_config("experiment=mochi_535b_a23b", "dry_run=true").train.watchdog_minutes == 15
+    assert make_config("model=tiny").train.watchdog_minutes is None
+
+
+SLURM_TRAIN = ["hardware=slurm_cpu", "model=tiny", "train.steps=12", "train.seq_len=32", "train.global_batch=4",
+               "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4", "wait=true",
+               "train.checkpoint.keep_last=0",  # all kept: the forced one at step 1 would go after two more saves
+               TOKENS]
+
+
+def submit(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "launch.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float, head: str = "") -> subprocess.CompletedProcess:
+    """Wait for `launch.py ... wait=true`; a job that failed or outlived `timeout` is cancelled, so
+    a failed test leaves nothing running on the shared cluster. `head`: stdout read already."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    stdout = head + stdout
+    if proc.returncode != 0:
+        for job in re.findall(r"^slurm job: (\d+)", stdout, re.M):
+            subprocess.run(["scancel", job], check=False)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def checkpoint_once_running(proc: subprocess.Popen, tasks: int, seen: list[str], timeout: float = 300) -> str:
+    """Read the submission's stdout (into `seen`) up to its run directory, wait until every task
+    has announced itself (its handlers are installed), then `marin.ctl checkpoint`; its stdout.
+    (What the reader buffered past that line is lost to `communicate`: read ids from the run directory.)"""
+    while not seen or "run directory: " not in seen[-1]:
+        seen.append(proc.stdout.readline())
+        assert seen[-1], "".join(seen)
+    run_dir = Path(seen[-1].split("run directory: ")[1].strip())
+    end = time.monotonic() + timeout
+    while len(list((run_dir / "processes").glob("*.json"))) < tasks:
+        assert time.monotonic() < end and proc.poll() is None, "the tasks never started"
+        time.sleep(0.2)
+    done = subprocess.run([sys.executable, "-m", "marin.ctl", "checkpoint", str(run_dir)], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfaulted_runs(tmp_path):
+    """Two 2-task jobs, one after the other (side by side, 4 processes on 2 cores can miss gloo's
+    30 s rendezvous): one straight, one where task 1 hangs before step 7 (task 0 then waits in the
+    step's collectives). Both tasks' watchdogs fire (limit 6 s), the job restarts from the
+    checkpoint at step 4 and finishes with exactly the straight job's losses. The straight job
+    also takes a forced checkpoint (`marin.ctl checkpoint` → scancel --signal=USR1) at its first
+    step boundary, and trains on."""
+    from mlflow import MlflowClient
+
+    uri, limit_s = f"sqlite:///{tmp_path}/mlflow.db", 6.0
+    env = {k: v for k, v in os.environ.items() if k != "MARIN_SLURM_ENTRY"}
+    common = [*SLURM_TRAIN, f"train.watchdog_minutes={limit_s / 60}", f"run.out_dir={tmp_path}", f"tracking.uri={uri}"]
+    proc, seen = submit([*common, "run.name=straight"], env), []
+    try:
+        asked = checkpoint_once_running(proc, tasks=2, seen=seen)
+    finally:
+        done = finish(proc, timeout=400, head="".join(seen))
+    assert done.returncode == 0 and "(scancel --signal=USR1)" in asked, f"{asked}{done.stdout}{done.stderr[-3000:]}"
+    out = {"straight": done.stdout}
+    done = finish(submit([*common, "run.name=hung", "debug.hang_at_step=7", "debug.hang_process=1"], env), timeout=400)
+    assert done.returncode == 0, f"hung: {done.stdout}{done.stderr[-3000:]}"
+    out["hung"] = done.stdout
+    run_dirs = {name: Path(re.search(r"run directory: (\S+)", text).group(1)) for name, text in out.items()}
+    run_ids = {name: json.loads((run_dir / "record.json").read_text())["run_id"] for name, run_dir in run_dirs.items()}
+
+    task0 = "".join(p.read_text() for p in (run_dirs["straight"] / "slurm").glob("*_0_log.err"))
+    assert re.search(r"forced checkpoint at step 1 written and verified", task0), task0[-3000:]
+    assert (run_dirs["straight"] / "checkpoints" / "1").is_dir()
+    logs = {task: "".join(p.read_text() for p in (run_dirs["hung"] / "slurm").glob(f"*_{task}_log.err")) for task in (0, 1)}
+    for task, text in logs.items():  # every process wrote its stacks, within the limit plus a minute
+        fired = re.search(rf"watchdog: process {task}: no step completed for ([\d.]+) s \(allowed {limit_s} s\)", text)
+        assert fired, text[-3000:]
+        assert limit_s < float(fired.group(1)) < limit_s + 60
+    assert "in hang_if_asked" in logs[1].split("watchdog: process 1")[1]
+    client = MlflowClient(uri)
+    assert client.get_run(run_ids["hung"]).info.status == "FINISHED"
+    assert client.get_run(run_ids["straight"]).data.tags["checkpoint.forced"] == "1"
+    history = {name: [(m.step, m.value) for m in client.get_metric_history(run_ids[name], "train/loss")]
+               for name in run_ids}
+    straight = dict(history["straight"])
+    assert sorted(straight) == list(range(1, 13))
+    assert {step for step, _ in history["hung"]} == set(straight)
+    assert all(value == straight[step] for step, value in history["hung"])  # replayed steps too: bit for bit
