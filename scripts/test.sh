@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: the environment (scripts/setup.sh), then pytest on 2 workers
-# (pytest-xdist; MARIN_TEST_WORKERS=N for another count, or pass -n 0). The services some tests need
+# The whole test suite, as CI runs it: the environment (scripts/setup.sh), then pytest on 3 workers
+# (pytest-xdist; 3 on 2 cores because the tests wait on subprocesses, Slurm and servers much of the time; MARIN_TEST_WORKERS=N for another count, or pass -n 0). The services some tests need
 # start when the first of those tests runs and stop at the end (tests/services.py): the local Slurm
 # cluster and an MLflow server for the `slurm` tests, a headless Chromium for the `browser` test;
 # a run that selects none of them starts nothing. Extra arguments go to pytest
 # (e.g. `bash scripts/test.sh tests/launch -x`).
 #
-# The quick pass (no root, Slurm or browser; about N min on 2 cores):
+# The quick pass (no root, Slurm or browser; about 3 min on 2 cores with a warm JAX cache):
 #   .venv/bin/python -m pytest -n 2 -m "not slow and not slurm and not browser"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -f scripts/setup.sh ]]; then bash scripts/setup.sh; fi
-exec .venv/bin/python -m pytest -n "${MARIN_TEST_WORKERS:-2}" "$@"
+exec .venv/bin/python -m pytest -n "${MARIN_TEST_WORKERS:-3}" "$@"

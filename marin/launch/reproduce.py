@@ -91,6 +91,28 @@ def _check_trust(merged: dict, own: set[str], trust: bool) -> None:
                              "to apply them, or override them")
 
 
+# Fields added since schema_version 1 and what a config saved before them meant: filled in, so an
+# older run resumes, forks and reproduces as it ran (a field added without an entry is refused).
+ADDED_SINCE = {
+    "train.init_from_mode": "continue",   # init_from then kept its source's whole state and step counter
+    "train.watchdog_minutes": None,
+    "hardware.max_restarts": 0,
+    "hardware.segment_nodes": None,
+    "hardware.exclusive": False,
+    "debug": {"hang_at_step": None, "hang_process": 0},
+    "fork": None,
+}
+
+
+def _fill_added(saved: dict) -> None:
+    for key, value in ADDED_SINCE.items():
+        *parents, leaf = key.split(".")
+        node = saved
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+
+
 def _check_schema(saved: dict) -> None:
     """Same schema version and the same fields, or a message naming the fields that differ."""
     current = OmegaConf.to_container(OmegaConf.structured(Config))
@@ -209,6 +231,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
+    _fill_added(saved)
     _check_schema(saved)
     kept = []
     for o in source.overrides():

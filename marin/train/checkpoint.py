@@ -5,7 +5,7 @@ pending betas —, the step, and an RNG key if the state has one) plus a small J
 data position, MLflow run id, horizon and the RNG seed (filled in by `save` when the loop does
 not give them). Orbax writes each step into a temporary directory and renames it when every
 process has finished, so a half-written checkpoint is never listed, let alone restored.
-Retention: the last `keep_last`, plus every multiple of `permanent_every` forever.
+Retention: the last `keep_last`, every multiple of `permanent_every` and every forced checkpoint, forever.
 
 Integrity (marin/train/manifest.py): once orbax has committed a step, every process hashes the
 files it wrote, on a thread pool in the background, into `manifest.<process>.json`; the step's
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import threading
 import time
@@ -42,6 +43,11 @@ log = logging.getLogger("marin.checkpoint")
 
 class NoCheckpointError(FileNotFoundError):
     """No complete, readable checkpoint in a run directory."""
+
+
+class NoneSealed(NoCheckpointError):
+    """Every checkpoint lacks a manifest (none damaged): none was ever verified, e.g. the job died
+    between orbax's commit and the manifests of its first checkpoint."""
 
 
 class StructureMismatch(ValueError):
@@ -85,11 +91,32 @@ class _KeepNewestSealed:
         return [c.step == keep for c in checkpoints]
 
 
-def _retention(ckpt_cfg, newest_sealed: Callable[[], int | None]):
-    """`keep_last` newest (0: all), every multiple of `permanent_every`, and the newest sealed one."""
+@dataclasses.dataclass
+class _KeepForced:
+    """Orbax preservation rule: a forced checkpoint (`marin.ctl checkpoint`, meta "forced") is kept:
+    someone asked for that step (a fork point, an A/B's start), so rolling retention never takes it."""
+
+    directory: Path
+    seen: dict = dataclasses.field(default_factory=dict)   # step -> forced (a checkpoint's meta never changes)
+
+    def forced(self, step: int) -> bool:
+        if step not in self.seen:
+            try:
+                self.seen[step] = bool(json.loads((self.directory / str(step) / manifest.META_FILE).read_text()).get("forced"))
+            except (OSError, ValueError):
+                return False   # not committed yet: asked again at the next save
+        return self.seen[step]
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        return [self.forced(c.step) for c in checkpoints]
+
+
+def _retention(ckpt_cfg, newest_sealed: Callable[[], int | None], directory: Path):
+    """`keep_last` newest (0: all), every multiple of `permanent_every`, the forced ones and the
+    newest sealed one."""
     from orbax.checkpoint import checkpoint_managers as cm
 
-    rules = [cm.LatestN(n=ckpt_cfg.keep_last or None)]
+    rules = [cm.LatestN(n=ckpt_cfg.keep_last or None), _KeepForced(directory)]
     if newest_sealed is not None:
         rules.append(_KeepNewestSealed(newest_sealed))
     if ckpt_cfg.permanent_every > 0:
@@ -103,7 +130,7 @@ def _open_manager(directory: Path, ckpt_cfg=None, read_only: bool = False, newes
     if read_only:  # orbax warns that a read-only manager is read-only
         logging.getLogger("absl").setLevel(logging.ERROR)
     options = ocp.CheckpointManagerOptions(
-        preservation_policy=_retention(ckpt_cfg, newest_sealed) if ckpt_cfg and not read_only else None,
+        preservation_policy=_retention(ckpt_cfg, newest_sealed, directory) if ckpt_cfg and not read_only else None,
         enable_async_checkpointing=bool(ckpt_cfg.async_save) if ckpt_cfg else False,
         create=not read_only,
         read_only=read_only,
@@ -313,7 +340,8 @@ def _restore_newest(manager, template, where: str, set_aside: bool = True, at_mo
         return restored.state, meta, step_dir
     why = [f"damaged: {', '.join(map(str, damaged))}" + (" (set aside)" if set_aside else "")] if damaged else []
     why += [f"a manifest missing, left in place: {', '.join(map(str, unsealed))}"] if unsealed else []
-    raise NoCheckpointError(f"no intact checkpoint in {where} (tried steps {steps}; {'; '.join(why)})")
+    error = NoneSealed if not damaged else NoCheckpointError
+    raise error(f"no intact checkpoint in {where} (tried steps {steps}; {'; '.join(why)})")
 
 
 class Checkpointer:
@@ -431,12 +459,17 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"marin-checkpoint-sealed-{self._sealed_here}")
         self.newest_sealed, self._sealed_here = self._sealed_here, None
 
-    def restore(self, template_state) -> tuple[object, dict]:
+    def restore(self, template_state) -> tuple[object, dict] | None:
         """The newest intact checkpoint as (state, meta); `template_state` gives the structure,
         shapes and shardings. A damaged newest checkpoint is set aside with a warning; one that lacks
-        a manifest is left in place, with a warning; either way the one before it is tried."""
+        a manifest is left in place, with a warning; either way the one before it is tried. None
+        when no checkpoint was ever sealed (none damaged): the run starts from step 0."""
         self._agree_sealed()
-        state, meta, self.restored_from = _restore_newest(self._manager, template_state, str(self.directory))
+        try:
+            state, meta, self.restored_from = _restore_newest(self._manager, template_state, str(self.directory))
+        except NoneSealed as err:
+            log.warning("%s: none was verified, starting from step 0", err)
+            return None
         self.newest_sealed = int(self.restored_from.name)
         return state, meta
 

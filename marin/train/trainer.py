@@ -158,8 +158,9 @@ class Trainer:
                     self.evaluator.run(n, state)
             if signum or self.ckpt.due(n, save):
                 with self.metrics.paused("checkpoint", n):
-                    self.ckpt.save(n, state, self.meta(n), force=True)
-                    if save is preempt.Save.FORCED:  # SIGUSR1 (marin.ctl checkpoint): verified, logged
+                    forced = save is preempt.Save.FORCED   # kept by retention (marin.train.checkpoint)
+                    self.ckpt.save(n, state, self.meta(n) | {"forced": forced}, force=True)
+                    if forced:  # SIGUSR1 (marin.ctl checkpoint): verified, logged
                         confirm_forced(self.ckpt, n, self.tracker, self.metrics.write)
             if signum:
                 self._stop(signum, n)
@@ -207,8 +208,10 @@ class Trainer:
         self.batch_spec = batch_sharding(mesh)
         self.ckpt = Checkpointer(rec.run_dir, cfg)
         initialised_from = None
-        if self.ckpt.latest_step() is not None or self.ckpt.set_aside():  # a requeued or resumed run
-            state, saved = self.ckpt.restore(state)  # NoCheckpointError if every checkpoint is damaged
+        # A requeued or resumed run: NoCheckpointError if every checkpoint is damaged, None if none was sealed
+        restored = self.ckpt.restore(state) if self.ckpt.latest_step() is not None or self.ckpt.set_aside() else None
+        if restored is not None:
+            state, saved = restored
             self.loader.resume(int(state.step), saved)
             log.info("resumed from step %d (%s)", int(state.step), self.ckpt.restored_from)
         elif cfg.train.init_from:  # another run's weights, or its whole state (init_from_mode), from <run>[@<step>]

@@ -75,6 +75,19 @@ def test_incompatible_schema_names_the_fields(source):
         recompose(str(_edit_saved(source, old_schema)), [])
 
 
+def test_a_config_saved_before_the_newer_fields_still_recomposes_as_it_ran(source):
+    """Fields added since schema_version 1 get what an older config meant: an older init_from
+    continued its source's state and step (init_from_mode continue), no watchdog, no restarts."""
+    def before_the_fields(tree):
+        for group, key in (("train", "init_from_mode"), ("train", "watchdog_minutes"), ("hardware", "max_restarts"),
+                           ("hardware", "segment_nodes"), ("hardware", "exclusive"), ("tracking", "system_metrics")):
+            del tree[group][key]
+        del tree["debug"], tree["fork"]
+    _, resolved, _ = recompose(str(_edit_saved(source, before_the_fields)), [])
+    assert resolved.train.init_from_mode == "continue" and resolved.train.watchdog_minutes is None
+    assert resolved.hardware.max_restarts == 0 and resolved.debug.hang_at_step is None
+
+
 def test_target_outside_allow_list_is_refused(source):
     def target(tree):
         tree["optim"]["_target_"] = "os.system"

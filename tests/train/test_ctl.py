@@ -83,6 +83,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     with err_path.open("w") as stderr:
         proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", f"train.steps={steps}", "train.seq_len=32",
                                  "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
+                                 "train.checkpoint.every_steps=50", "train.checkpoint.keep_last=1",  # the forced one outlives them
                                  f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"],
                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 300
@@ -99,6 +100,8 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     step = int(forced.group(1))
     assert 1 <= step < steps                          # at a step boundary, before the end
     step_dir = run_dir / "checkpoints" / str(step)
+    kept = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert step in kept and not ({50, 100} - {step}) & set(kept), kept   # retention (keep_last=1) kept the forced one
     assert not manifest.missing(step_dir) and manifest.damage(step_dir) is None and manifest.kind(step_dir) == "per-process"
     run = MlflowClient(uri).get_run(json.loads((run_dir / "record.json").read_text())["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["checkpoint.forced"] == str(step)

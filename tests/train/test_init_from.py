@@ -77,6 +77,7 @@ def _launch(*overrides: str):
 def test_continue_mode_refuses_a_run_that_ends_at_or_before_the_restored_step(tmp_path, tmp_path_factory, capsys,
                                                                                extra, field):
     source, _ = tiny_run(tmp_path_factory)
+    capsys.readouterr()  # the source run's own output (it tokenizes on a fresh clone)
     code = _launch(*TINY_RUN, f"run.out_dir={tmp_path}", f"tracking.uri={source.tracking_uri}",
                    f"train.init_from={source.run_dir}", "train.init_from_mode=continue", *extra)
     err = capsys.readouterr().err.strip().splitlines()
@@ -97,6 +98,7 @@ def test_a_model_the_checkpoint_does_not_fit_is_refused_before_anything_is_writt
         return len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
 
     runs_before = runs()
+    capsys.readouterr()  # the source run's own output (it tokenizes on a fresh clone)
     code = _launch(*TINY_RUN, "model.num_layers=3", f"run.out_dir={tmp_path}", f"tracking.uri={source.tracking_uri}",
                    f"train.init_from={source.run_dir}", *where)
     err = capsys.readouterr().err.strip().splitlines()

@@ -91,7 +91,7 @@ def test_a_hung_run_dumps_its_stacks_and_exits_124_within_the_limit(tmp_path):
                       done.stderr)
     assert fired, done.stderr[-3000:]
     assert float(fired.group(2)) == limit_s
-    assert limit_s < float(fired.group(1)) < limit_s + 60        # caught within the limit plus one minute
+    assert limit_s <= float(fired.group(1)) < limit_s + 60       # caught within the limit plus one minute
     assert "in hang_if_asked" in done.stderr.split("watchdog: process 0")[1]  # the main thread's stack
     run_dir = Path(re.search(r"run directory: (.+)", done.stderr).group(1))
     log = (run_dir / "run.log").read_text()
@@ -113,7 +113,7 @@ def test_the_hero_has_production_watchdog_and_other_runs_none():
 
 SLURM_TRAIN = ["hardware=slurm_cpu", "model=tiny", "train.steps=12", "train.seq_len=32", "train.global_batch=4",
                "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4", "wait=true",
-               "train.checkpoint.keep_last=0",  # all kept: the forced one at step 1 would go after two more saves
+               "train.checkpoint.keep_last=0",  # every checkpoint kept, for a look after a failure
                TOKENS]
 
 
@@ -189,7 +189,7 @@ def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfa
     for task, text in logs.items():  # every process wrote its stacks, within the limit plus a minute
         fired = re.search(rf"watchdog: process {task}: no step completed for ([\d.]+) s \(allowed {limit_s} s\)", text)
         assert fired, text[-3000:]
-        assert limit_s < float(fired.group(1)) < limit_s + 60
+        assert limit_s <= float(fired.group(1)) < limit_s + 60  # printed to 0.1 s
     assert "in hang_if_asked" in logs[1].split("watchdog: process 1")[1]
     client = MlflowClient(uri)
     assert client.get_run(run_ids["hung"]).info.status == "FINISHED"
