@@ -26,16 +26,10 @@ TARGET = 20.0
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from marin.config.paths import CONF_DIR
-    from marin.config.store import register
+    from marin.config.store import compose as compose_config
     from marin.launch.checks import load
 
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return load(hydra_compose("config", overrides=overrides))[1]
+    return load(compose_config(overrides))[1]
 
 
 def loader_rate(cfg, steps: int) -> tuple[float, float]:

@@ -26,9 +26,7 @@ PLAIN = r"""
 import sys, time
 sys.path.insert(0, {root!r})
 import jax
-from hydra import compose, initialize_config_dir
-from marin.config.paths import CONF_DIR
-from marin.config.store import register
+from marin.config.store import compose
 from marin.launch.checks import load
 from marin.data.loader import Loader
 from marin.optim import build_optimizer
@@ -37,9 +35,7 @@ from marin.train.step import make_train_step
 from marin.model.mesh import make_mesh
 from marin.train.trainer import enable_compilation_cache
 
-register()
-with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-    cfg = load(compose("config", overrides={overrides!r}))[1]
+cfg = load(compose({overrides!r}))[1]
 enable_compilation_cache(cfg)
 tx = build_optimizer(cfg)
 state = jax.jit(lambda k: init_state(cfg, tx, k))(jax.random.key(cfg.train.seed))

@@ -35,15 +35,10 @@ from marin.model import accounting  # noqa: E402
 
 def default_config(*overrides: str) -> Config:
     """The default run's config, composed exactly as launch.py does."""
-    from hydra import compose, initialize_config_dir
-
-    from marin.config.paths import CONF_DIR
-    from marin.config.store import register
+    from marin.config.store import compose
     from marin.launch.checks import load
 
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return load(compose("config", overrides=list(overrides)))[1]
+    return load(compose(overrides))[1]
 
 
 def h200_config() -> Config:
