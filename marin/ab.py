@@ -29,6 +29,7 @@ from marin.launch.fork import Fork, ForkError, compose
 from marin.launch.reproduce import lookup_uri, out_dir
 from marin.track import backend, record
 from marin.track.record import flatten
+from marin.track.tracker import read_metrics
 from marin.train.init_from import InitFromError, split
 
 ARMS = ("control", "candidate")
@@ -49,16 +50,7 @@ class Arm:
 
 def series(run_dir: Path, key: str) -> dict[int, float]:
     """{step: value} of one metric in a run's metrics.jsonl."""
-    out = {}
-    path = Path(run_dir) / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get("key") == key:
-            out[int(row["step"])] = row["value"]
-    return out
+    return {int(row["step"]): row["value"] for row in read_metrics(run_dir) if row.get("key") == key}
 
 
 def summary(values: dict[int, float], how: str, first: int, last: int) -> float | None:

@@ -10,7 +10,6 @@ Exit status: 0 same config, 1 different, 2 a run could not be opened.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from omegaconf import OmegaConf
@@ -19,6 +18,7 @@ from marin.cli import Parser, fail
 from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.record import flatten
+from marin.track.tracker import read_metrics
 
 BOOKKEEPING = ("run.", "tracking.", "reproduce", "resume", "dry_run", "wait")
 
@@ -66,17 +66,9 @@ def results(rec: record.RunRecord) -> dict:
 def _results_from_files(rec: record.RunRecord) -> dict:
     out = {"state": rec.info().get("status") or "?", "step": None, **{key: None for key, _ in RESULTS}}
     latest: dict = {}
-    try:
-        with (rec.run_dir / "metrics.jsonl").open() as lines:
-            for line in lines:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short
-                if row.get("key") in out and row["step"] >= latest.get(row["key"], -1):
-                    latest[row["key"]], out[row["key"]] = row["step"], row["value"]
-    except OSError:
-        pass
+    for row in read_metrics(rec.run_dir):
+        if row.get("key") in out and row["step"] >= latest.get(row["key"], -1):
+            latest[row["key"]], out[row["key"]] = row["step"], row["value"]
     out["step"] = latest.get(LOSS)
     return out
 

@@ -11,7 +11,6 @@ published lineage instead: the hero's seven production runs and their cutovers.
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 from marin.cli import Parser, fail, setup_logging
 from marin.config.paths import CONF_DIR
 from marin.track import record
-from marin.track.tracker import METRICS
+from marin.track.tracker import read_metrics
 from marin.train.init_from import Start, split
 
 PUBLISHED_DIR = CONF_DIR / "lineage"
@@ -59,7 +58,7 @@ def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None) -> tuple[re
 
 
 def last_step(run_dir: Path, key: str = "train/loss") -> int | None:
-    steps = [row["step"] for row in _rows(run_dir) if row.get("key") == key]
+    steps = [row["step"] for row in read_metrics(run_dir) if row.get("key") == key]
     return max(steps) if steps else None
 
 
@@ -83,24 +82,11 @@ def chain(ref: str, tracking_uri: str | None = None) -> list[Link]:
     return links
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line cut short by a crash
-            continue
-    return rows
-
-
 def stitch(links: list[Link], key: str = "train/loss") -> list[tuple[int, float, str]]:
     """[(step, value, run id)] of `key` across the lineage: each step from the run in force then."""
     out = {}
     for link in links:
-        for row in _rows(link.run_dir):
+        for row in read_metrics(link.run_dir):
             step = row.get("step")
             if row.get("key") == key and step > link.from_step and (link.to_step is None or step <= link.to_step):
                 out[step] = (step, row["value"], link.run_id)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from marin.cli import Parser, setup_logging
 from marin.track import record as run_record
 from marin.track.errors import first_line
 from marin.train.checkpoint import checkpoint_dir, listed_steps
+from marin.train.ending import resume_command
 from marin.train.preempt import WATCHDOG_EXIT
 
 log = logging.getLogger("marin.restarts")
@@ -174,8 +174,8 @@ def handle(run_dir: Path, exit_code: int, max_restarts: int, job_id: str, starte
     if spent:
         run_record.update_info(rec, status="FAILED", ended=fault["time"])
         log.error("job %s: %s at step %s; %d restarts of at most %d spent: MLflow run %s ends FAILED; "
-                  "continue with: python launch.py %s", job_id, fault["cause"], fault["step"], restarts,
-                  max_restarts, rec.run_id, shlex.quote(f"resume={run_dir}"))
+                  "continue with: %s", job_id, fault["cause"], fault["step"], restarts,
+                  max_restarts, rec.run_id, resume_command(run_dir))
         return "failed"
     log.warning("job %s: %s at step %s; restart %d of at most %d, from the checkpoint at step %s "
                 "(%s min of training lost)", job_id, fault["cause"], fault["step"], restarts, max_restarts,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 import time
 
@@ -195,7 +196,7 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
         leaves = "; ".join(err.differences[:2]) + (f" (+{len(err.differences) - 2} more)" if len(err.differences) > 2 else "")
         fail(f"resume: {fields} changes the train state ({leaves}), so checkpoint {err.where} cannot be "
              f"restored into it; nothing was changed. Start a new run from this one instead: "
-             f"python launch.py reproduce={source.run_dir} {' '.join(o for o in new if _key(o) not in IGNORED)}".rstrip())
+             + shlex.join(["python", "launch.py", f"reproduce={source.run_dir}", *(o for o in new if _key(o) not in IGNORED)]))
 
 
 def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:

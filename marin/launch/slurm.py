@@ -41,6 +41,7 @@ from marin.track import record as run_record
 from marin.track.record import RunRecord, config_dict, update_info
 from marin.track.secrets import mask
 from marin.train import preempt
+from marin.train.ending import resume_command
 
 log = logging.getLogger("marin.slurm")
 
@@ -235,7 +236,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
     except SubmitError as err:
         _mark_unsubmitted(rec, str(err))
         fail(f"{err}\nthe run directory {rec.run_dir} and MLflow run {rec.run_id} were created; "
-             f"submit again with {shlex.quote(f'resume={rec.run_dir}')}", code=1)
+             f"submit again with {resume_command(rec.run_dir)}", code=1)
     if resolved.wait:
         code = follow(job)
         if code:

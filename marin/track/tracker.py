@@ -42,6 +42,19 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 BOOKKEEPING, BOOKKEEPING_PREFIX = ("time/", "data/", "checkpoint/"), "usage/"
 
 
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl, in order ([] if it has none); a line cut short by a crash
+    is skipped."""
+    path = Path(run_dir) / METRICS
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
 def tracked_name(key: str) -> str:
     """The name a metric is recorded under: `time/eval_s` → `usage/time/eval_s`; others as given."""
     return BOOKKEEPING_PREFIX + key if key.startswith(BOOKKEEPING) else key
