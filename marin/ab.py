@@ -4,13 +4,15 @@ a paired A/B from one checkpoint, as production ran before every cutover (spec �
 Two forks of the run at that step (marin/launch/fork.py) run as one two-job sweep (`launch.py -m`,
 sweep `ab`: here one after the other, or one Slurm array with a Slurm hardware): the control with
 no override, the candidate with the given ones, each for `--steps` steps (`train.stop_after`, so
-the schedule is the parent's). The arms are the options `control` and `candidate` of a config
+the schedule is the parent's; from a finished parent's last step both go on past it, with
+`train.steps` extended alike). The arms are the options `control` and `candidate` of a config
 group `ab` written for this A/B under `<run.out_dir>/ab/<id>/` (the candidate's leaves: what its
 overrides change), so the sweep machinery needs nothing new and each arm reproduces later.
 
 Then, from the arms' metrics.jsonl: loss, eval loss, dropped fraction, tokens/s, MFU and peak
 memory side by side with their differences, whether the control's losses equal the parent's own
-at the same steps bit for bit (else the step where they diverge), and one verdict line. Exit 0
+at the same steps bit for bit (else the step where they diverge; past the parent's end, a line
+saying there is nothing to compare), and one verdict line, the last thing printed. Exit 0
 when the comparison holds, 1 when the control diverges from the parent or an arm failed, 2 for
 bad input (before anything is written).
 """
@@ -145,6 +147,17 @@ def _arms(sweep_dir: Path) -> dict[str, Arm]:
     return found
 
 
+def _run_arms(command: list[str]) -> int:
+    """Run the arms' sweep; its exit status. Its log and progress go to stderr; its stdout (each
+    arm's fork line and end-of-run summary) to ours as it comes, so on stdout they come before
+    the table and the verdict is the last line."""
+    sys.stdout.flush()
+    with subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=2, text=True) as done:
+        for line in done.stdout:
+            print(line, end="", flush=True)
+    return done.returncode
+
+
 def main(argv: list[str] | None = None) -> None:
     p = Parser(prog="python -m marin.ab", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="<run directory or MLflow run id>@<step>")
@@ -154,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="an override for both arms, e.g. hardware=slurm_cpu (a Slurm array) or tracking.uri=…")
     p.add_argument("--loss-tolerance", type=float, default=0.001,
                    help="relative loss increase the candidate may show and still hold (default 0.001 = 0.1%%)")
+    p.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
+                   "or the project's)")
+    p.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
     args = p.parse_args(argv)
     setup_logging()
     if args.steps < 1:
@@ -167,21 +183,28 @@ def main(argv: list[str] | None = None) -> None:
     if step is None:
         fail(f"ab: give the checkpoint step: <run directory or MLflow run id>@<step> (got {args.checkpoint!r})")
     first, last = step + 1, step + args.steps
-    try:  # the arms run on the parent's schedule, so no further than its last step
-        parent_cfg = record.open(split(args.checkpoint)[0], tracking_uri=lookup_uri(args.both),
-                                 out_dir=out_dir(args.both)).resolved()
+    try:
+        parent = record.open(split(args.checkpoint)[0], tracking_uri=args.tracking_uri or lookup_uri(args.both),
+                             out_dir=args.out_dir or out_dir(args.both))
     except record.RecordError as err:
         fail(f"ab: {err}")
+    spec = f"{parent.run_dir}@{step}"  # found once: the arms' launch.py looks no name up again
+    parent_cfg = parent.resolved()
     end = parent_cfg.schedule.horizon_steps or parent_cfg.train.steps
-    if last > end:
-        print(f"note: run {split(args.checkpoint)[0]} ends at step {end}: the arms run steps {first}…{end}", file=sys.stderr)
-        last = end
-    if last < first:
-        fail(f"ab: step {step} is the run's last ({end}): there is nothing to run from it")
-    shared = [*args.both, f"train.stop_after={last}"]
+    past_end = step >= end  # from a finished run's last step the arms go on past it
+    if past_end:  # both on one schedule laid out for the longer run (a paired comparison still)
+        extend = [f"train.steps={last}"] + (["schedule.horizon_steps=null"] if parent_cfg.schedule.horizon_steps else [])
+        print(f"note: step {step} is run {parent.run_id}'s last: the arms run on past it, steps {first}…{last} "
+              f"(train.steps={last} for both)", file=sys.stderr)
+    elif last > end:  # otherwise on the parent's schedule, so no further than its last step
+        print(f"note: run {parent.run_id} ends at step {end}: the arms run steps {first}…{end}", file=sys.stderr)
+        last, extend = end, []
+    else:
+        extend = []
+    shared = [*args.both, *extend, f"train.stop_after={last}"]
     try:  # both arms validated (and the candidate's structure checked) before anything is written
-        control = compose(args.checkpoint, shared)
-        candidate = compose(args.checkpoint, [*shared, *args.overrides])
+        control = compose(spec, shared)
+        candidate = compose(spec, [*shared, *args.overrides])
     except ForkError as err:
         fail(str(err).replace("fork: ", "ab: ", 1))
     leaves = candidate_leaves(control, candidate)
@@ -195,23 +218,27 @@ def main(argv: list[str] | None = None) -> None:
     write_arms(arms_dir, leaves)
     slurm = control.resolved.hardware.launcher == "slurm"
     command = [sys.executable, str(PROJECT_ROOT / "launch.py"), "-m", f"hydra.searchpath=[file://{arms_dir}]",
-               "+ab=" + ",".join(ARMS), f"fork={args.checkpoint}", *shared, "run.sweep=ab", f"run.sweep_id={sid}",
+               "+ab=" + ",".join(ARMS), f"fork={spec}", *shared, "run.sweep=ab", f"run.sweep_id={sid}",
                *(["wait=true"] if slurm else [])]
     print(f"paired A/B from {control.parent.run_id}@{step}: {last - step} steps ({first}…{last}), "
           f"{'a Slurm array' if slurm else 'here, one arm after the other'}\n"
           f"  candidate: {' '.join(args.overrides)}\n  arms: {arms_dir / 'ab'}", flush=True)
-    done = subprocess.run(command, cwd=PROJECT_ROOT, stdout=2, stderr=2)  # the sweep's lines on stderr: stdout is the table
+    returncode = _run_arms(command)
     arms = _arms(out / "sweeps" / f"ab-{sid}")
-    if done.returncode or set(arms) != set(ARMS):
-        fail(f"ab: the sweep ab-{sid} did not finish both arms (exit status {done.returncode}; arms found: "
-             f"{', '.join(arms) or 'none'}); see {out / 'sweeps' / f'ab-{sid}'}", code=done.returncode or 1)
+    if returncode or set(arms) != set(ARMS):
+        fail(f"ab: the sweep ab-{sid} did not finish both arms (exit status {returncode}; arms found: "
+             f"{', '.join(arms) or 'none'}); see {out / 'sweeps' / f'ab-{sid}'}", code=returncode or 1)
 
     print(f"\npaired A/B from run {control.parent.run_id} at step {step}, steps {first}…{last}")
     for arm in arms.values():
         print(f"  {arm.name:<9}  run {arm.run_id}  {arm.run_dir}")
     got = table(arms, first, last)
-    line, equal = divergence(series(control.parent.run_dir, "train/loss"), series(arms["control"].run_dir, "train/loss"),
-                             first, last)
+    if past_end:  # said in place of the check, which has nothing to compare
+        line, equal = (f"control vs parent: run {parent.run_id} ends at step {end}: no parent steps to compare the "
+                       f"control with (the arms ran {first}…{last})"), True
+    else:
+        line, equal = divergence(series(control.parent.run_dir, "train/loss"),
+                                 series(arms["control"].run_dir, "train/loss"), first, last)
     print(line)
     print(verdict(got, equal, args.loss_tolerance), flush=True)
     if not equal:

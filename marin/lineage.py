@@ -42,7 +42,8 @@ def _resolved(run_dir: Path) -> dict:
     return yaml.safe_load((run_dir / record.RESOLVED).read_text()) or {}
 
 
-def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None) -> tuple[record.RunRecord, int] | None:
+def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None,
+            out_dir: str | None = None) -> tuple[record.RunRecord, int] | None:
     """The run this one was forked from and the step, or None for a lineage's first run."""
     spec = resolved.get("fork")
     if not spec:
@@ -51,7 +52,7 @@ def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None) -> tuple[re
     parent_dir, _ = split((resolved.get("train") or {}).get("init_from") or "")
     for candidate in (parent_dir, ref):  # the directory as forked; else the run id in its store
         try:
-            return record.open(candidate, tracking_uri=tracking_uri), step
+            return record.open(candidate, tracking_uri=tracking_uri, out_dir=out_dir), step
         except record.RecordError:
             continue
     raise record.RecordError(f"{run_dir}: its parent {spec} is not found (neither {parent_dir} nor in the store)")
@@ -62,15 +63,16 @@ def last_step(run_dir: Path, key: str = "train/loss") -> int | None:
     return max(steps) if steps else None
 
 
-def chain(ref: str, tracking_uri: str | None = None) -> list[Link]:
-    """The lineage of the run `ref` (a run directory or MLflow run id), oldest first."""
-    rec = record.open(ref, tracking_uri=tracking_uri)
+def chain(ref: str, tracking_uri: str | None = None, out_dir: str | None = None) -> list[Link]:
+    """The lineage of the run `ref` (as `record.open` names runs, looked up under `out_dir`),
+    oldest first."""
+    rec = record.open(ref, tracking_uri=tracking_uri, out_dir=out_dir)
     links: list[Link] = []
     seen = set()
     while rec is not None and rec.run_id not in seen:
         seen.add(rec.run_id)
         resolved = _resolved(rec.run_dir)
-        found = _parent(rec.run_dir, resolved, tracking_uri)
+        found = _parent(rec.run_dir, resolved, tracking_uri, out_dir)
         step = found[1] if found else 0
         changes = Start(found[0].run_dir / "checkpoints", step, step).changes(OmegaConf.create(resolved)) if found else {}
         links.append(Link(rec.run_id, rec.run_dir, (resolved.get("run") or {}).get("name", "?"), step, None, changes))
@@ -131,10 +133,13 @@ def print_published(data: dict, out=None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = Parser(prog="python -m marin.lineage", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", help="run directory or MLflow run id; or a published lineage (conf/lineage/<name>.yaml)")
+    p.add_argument("run", help="a run (its directory, name, a unique prefix or MLflow run id); or a published "
+                   "lineage (conf/lineage/<name>.yaml)")
     p.add_argument("--published", action="store_true", help="read `run` as a published lineage's name")
     p.add_argument("--metric", help="also print this metric stitched across the lineage (e.g. train/loss)")
-    p.add_argument("--tracking-uri", help="the MLflow store to look a run id up in")
+    p.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
+                   "or the project's)")
+    p.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
     args = p.parse_args(argv)
     setup_logging()
     data = published(args.run)
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         print_published(data)
         return
     try:
-        links = chain(args.run, args.tracking_uri)
+        links = chain(args.run, args.tracking_uri, args.out_dir)
     except record.RecordError as err:
         fail(f"lineage: {err}")
     print_chain(links)

@@ -63,7 +63,8 @@ COMPILE_DRY_RUNS = ("compile", "compile_json")  # the real steps compiled: a tab
 # A run name ends up in folder names, Slurm job names and printed shell commands: letters, digits
 # and . _ - + = only, starting with a letter or digit (so no hidden folder, no option-like name,
 # nothing a shell would expand).
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,119}")
+RUN_NAME_MAX = 120
+RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+=-]{{0,{RUN_NAME_MAX - 1}}}")
 
 
 def missing_keys(cfg: DictConfig) -> list[tuple[str, str]]:

@@ -310,7 +310,8 @@ def compile_steps(cfg) -> dict:
         from marin.train.step import num_microbatches  # JAX: imported only when this runs
 
         per_device = r.train.global_batch // batch_shards(r.hardware) // num_microbatches(r)
-        dtype = {"bfloat16": "bf16", "float16": "f16"}.get(str(getattr(r.model, "residual_dtype", "float32")), "f32")
+        # a 16-bit carry is staged as its raw bits (marin.model.transformer.name_carry)
+        dtype = {"bfloat16": "u16", "float16": "u16"}.get(str(getattr(r.model, "residual_dtype", "float32")), "f32")
         carry = f"{dtype}[{r.model.num_layers},{per_device},{r.train.seq_len},{r.model.d_model}]"
     staging = staged_bytes(abstract, shardings) if r.optim.offload else 0.0
     try:

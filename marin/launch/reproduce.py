@@ -1,4 +1,5 @@
-"""`python launch.py reproduce=<run dir or MLflow run id> [overrides]`: the saved run, again.
+"""`python launch.py reproduce=<run dir or MLflow run id> [overrides]`: the saved run, again, as a
+new run named `<its run.name>-reproduce` (unless `run.name=` is given).
 
 The saved composed config (with its ``auto`` leaves) is the base. Hydra composes conf/ twice,
 with the saved overrides and with the saved plus the new ones; the leaves where those two differ
@@ -25,6 +26,7 @@ from omegaconf import OmegaConf
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
 from marin.config.store import compose
+from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
@@ -215,12 +217,21 @@ def _warn_provenance(info: dict, verb: str) -> None:
                     f" (+{others} other packages)" if others else "")
 
 
+def replay_name(name: str, what: str) -> str:
+    """`<name>-<what>` (`probe-reproduce`, `probe-verify`) within run.name's length: a replay gets
+    a name of its own, so the original's name keeps naming the original alone (marin.track.refs).
+    A replay of a replay keeps its name (`probe-reproduce` reproduced is `probe-reproduce`)."""
+    suffix = f"-{what}"
+    return name if name.endswith(suffix) else name[:RUN_NAME_MAX - len(suffix)] + suffix
+
+
 def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> tuple[Config, Config, list[str]]:
     """(composed, resolved, overrides for the new record) of the run at `ref` with `new_overrides`.
 
     `new_overrides` are this command line's overrides (a ``reproduce=`` entry among them is
     ignored). `verb` says what the caller does with it in its warnings ("resuming": resume= says
-    itself which run it continues). Raises ReproduceError (one line) or validate.ConfigError.
+    itself which run it continues). A reproduction is named `<name>-reproduce` unless
+    `new_overrides` name it. Raises ReproduceError (one line) or validate.ConfigError.
     """
     new = [o for o in new_overrides if _key(o) != "reproduce"]
     try:
@@ -228,6 +239,8 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     except record.RecordError as err:
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
+    if verb == "reproducing" and not any(_key(o) == "run.name" for o in new):
+        new.append(f"run.name={replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')}")
     _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets({_key(o): o.split("=", 1)[-1] for o in new}, "overrides")

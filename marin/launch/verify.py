@@ -2,7 +2,8 @@
 recorded run and compare every metric it logs with the record.
 
 The replay is an ordinary reproduction (marin/launch/reproduce.py: the saved config, this command
-line's overrides on top): a new run directory and a new MLflow run, tagged `verification_of`
+line's overrides on top): a new run directory and a new MLflow run, named `<the original's
+run.name>-verify` unless `run.name=` is given, tagged `verification_of`
 (the original's id) and, once compared, `verify_result`. With `verify_steps=a:b` it trains only
 steps a…b, starting from the original's newest checkpoint at or below a (through
 `train.init_from=<original>@<step>`, marin/train/init_from.py) and stopping at b.
@@ -32,7 +33,7 @@ from marin.cli import Parser, config_errors, fail
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
-from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
+from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose, replay_name
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
 from marin.track.tracker import METRICS, tracked_name
@@ -166,8 +167,11 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
         raise VerifyError(f"reproduce: {err}") from None
     recorded, where = reference(source)
     first = run_start(source, recorded)
+    # The replay is named as one (`<name>-verify`), unless this command line names it
+    named = [] if any(o.split("=", 1)[0] == "run.name" for o in new) else [
+        f"run.name={replay_name(str(source.composed().run.name), 'verify')}"]
     if window is None:
-        return Plan(source, recorded, where, first, None)
+        return Plan(source, recorded, where, first, None, named)
     a, b = window
     last = max(step for _, step in recorded)
     if not first < a < b <= last:  # `first` is the state before the run's first update, step first + 1
@@ -175,7 +179,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
                           f"got {a}:{b}")
     # step a's metrics come from the update after checkpoint a − 1 (optimizer step n logs at n)
     steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s < a]
-    overrides = [f"train.stop_after={b}"]
+    overrides = [*named, f"train.stop_after={b}"]
     if steps:  # restores steps[-1], the newest checkpoint below a
         overrides += [f"train.init_from='{source.run_dir}@{a - 1}'", "train.init_from_mode=continue"]
     elif a > first + 1:  # else the run's own beginning: its config starts there (fresh, or its own init_from)

@@ -1,6 +1,7 @@
 """The run record: one directory and one MLflow run per run, made once, after validation.
 
-A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` holds
+A run directory ``<run.out_dir>/runs/<run.name>-<config hash 8>-<unique id>/`` (a sweep's job:
+``<sweep>-<its overrides>-…``, `sweep.job_name`) holds
 
     composed.yaml   the config as composed (with its ``auto`` leaves): what reproduction starts from
     resolved.yaml   every derived value filled in: what was trained
@@ -300,10 +301,13 @@ def prepare(composed: Config, resolved: Config, overrides: list[str]) -> Draft:
     _scan_secrets(resolved, overrides)
     safe_overrides = [secrets.redact_override(o) for o in overrides]
     digest = config_hash(resolved)
+    member = sweep.membership(resolved, overrides)
+    # A sweep's job is named after the sweep and its own overrides (`lr_grid-lr=0.001`), in both
+    # configs, so its directory, saved config, MLflow tags and trainer agree (run.name is not hashed).
+    composed.run.name = resolved.run.name = sweep.job_name(resolved.run.name, member)
     run_dir = _new_run_dir(backend.out_dir(resolved) / "runs", resolved.run.name, digest)
     draft = Draft(run_dir, uri, backend.experiment_name(resolved), digest, resolved, list(overrides),
-                  sweep.membership(resolved, overrides), config_search_path(),
-                  [secrets.redact_override(a) for a in sys.argv])
+                  member, config_search_path(), [secrets.redact_override(a) for a in sys.argv])
     try:
         _write_text(run_dir / COMPOSED, to_yaml(secrets.redact(config_dict(composed))))
         _write_text(run_dir / RESOLVED, to_yaml(secrets.redact(config_dict(resolved))))

@@ -4,7 +4,8 @@
 
 A run is named by
 - its directory (a path), or its directory's name under ``<out_dir>/runs/``;
-- a unique prefix of that name, or of its MLflow run id (the ids are read from the runs'
+- its `run.name` (before the longer names that begin with it: its replays and forks), a unique
+  prefix of its directory's name, or of its MLflow run id (the ids are read from the runs'
   ``record.json``, no store needed); a full 32-character id is looked up in the store;
 - ``<sweep>/<job>``: a sweep (named as below) and one of its jobs by its override name as
   `marin.status` prints it (``lr_grid/lr=0.001``), or by enough of it to be unique
@@ -28,6 +29,8 @@ from marin.config.schema import Config, RunConfig
 from marin.track import backend, sweep
 
 FULL_ID = re.compile(r"[0-9a-f]{32}")
+# A run directory's name: <run.name>-<config hash 8>-<date>-<time>-<unique 6> (record._new_run_dir)
+RUN_DIR_NAME = re.compile(r"(?P<name>.+)-[0-9a-f]{8}-\d{8}-\d{6}-[0-9a-f]{6}")
 MIN_ID_PREFIX = 4  # shorter hex strings match too many ids to be meant as one
 SHOWN = 5          # candidates named in an "ambiguous" error
 
@@ -87,6 +90,10 @@ def find_run(ref: str, out_dir: str | Path | None = None) -> Path | str:
     dirs = run_dirs(out_dir) if ref else []
     by_id = {p: read_json(p / "record.json").get("run_id", "") for p in dirs} if _id_prefix(ref) else {}
     matches = [p for p in dirs if p.name.startswith(ref) or str(by_id.get(p, "")).startswith(ref)]
+    # A run's whole name names it before the longer names it begins (its replays `<name>-verify`,
+    # `<name>-reproduce`, its forks `<name>-step<N>`), so making those leaves it addressable.
+    named = [p for p in matches if (m := RUN_DIR_NAME.fullmatch(p.name)) and m["name"] == ref]
+    matches = named or matches
     ids = {str(by_id.get(p, "")) for p in matches}
     if len(matches) > 1 and len(ids) == 1 and FULL_ID.fullmatch(run_id := ids.pop()):
         return run_id  # copies of one run's directory: the store knows which one is the run's

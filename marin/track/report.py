@@ -123,6 +123,26 @@ def _png(fig) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{data}">'
 
 
+def warm() -> None:
+    """Draw a throwaway figure the way the run's page draws its own: matplotlib's imports, its
+    fonts, the mathtext parser (a log axis's 10ⁿ labels) and its text caches are then ready, so
+    the page drawn at the run's end (which the run waits for) skips that first-time work."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    steps = np.arange(1, 6)
+    fig, axes = _figure(3, 1)
+    _line(axes[0, 0], (steps, 6.0 - steps / 10), "train/loss", **TRAIN_STYLE["train/loss"])
+    axes[0, 0].plot(steps, 6.0 - steps / 8, marker="s", markersize=4, label="eval/macro_loss")
+    _finish(axes[0, 0], "loss (log scale)", log=True)
+    axes[0, 0].yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    _line(axes[1, 0], (steps, 10.0 ** steps), "train/tokens_per_s", linewidth=1)
+    _finish(axes[1, 0], "tokens/s", log=True)
+    image = axes[2, 0].imshow(np.ones((2, 2)), aspect="auto", origin="lower", interpolation="nearest")
+    fig.colorbar(image, ax=axes[2, 0], label="load × E")
+    axes[2, 0].set_title("layer 0", fontsize=9)
+    _png(fig)
+
+
 def _line(ax, series: Series, label: str, **kw) -> None:
     steps, values = series
     ax.plot(steps, values, label=label, marker="o" if len(steps) < 3 else None, markersize=3, **kw)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin.config.schema import Config, RunConfig
+from marin.config.validate import RUN_NAME_MAX
 from marin.track import backend, secrets
 from marin.track.errors import first_line
 
@@ -143,6 +144,7 @@ class Membership:
     own: list[str]         # this job's swept overrides (redacted)
     expected: int | None   # jobs the multirun will run, when the command line says
     experiment: str
+    number: int | None = None  # Hydra's number of this job in its multirun
 
 
 def membership(cfg: Config, overrides: list[str]) -> Membership | None:
@@ -155,7 +157,27 @@ def membership(cfg: Config, overrides: list[str]) -> Membership | None:
     expected = math.prod(len(v) for v in swept.values()) if swept and any(
         a in ("-m", "--multirun") for a in sys.argv) else None
     own = [secrets.redact_override(o) for o in overrides if _key(o) in swept]
-    return Membership(name, sid, _sweep_dir(cfg, name, sid), swept, own, expected, backend.experiment_name(cfg))
+    return Membership(name, sid, _sweep_dir(cfg, name, sid), swept, own, expected, backend.experiment_name(cfg),
+                      _job_num(_hydra()))
+
+
+def job_name(name: str, member: Membership | None) -> str:
+    """A sweep job's run.name, which names its run directory: the sweep's name (or `name`, where
+    run.name was set) and the job's own swept overrides, `lr_grid-lr=0.001`,
+    `router_ablation-lr=0.001+router=qb` (else its number, `lr_grid-job3`), so a sweep's
+    directories say which job each is rather than `default-<hash>-…`. Kept to run.name's safe
+    characters and length (marin.config.validate.RUN_NAME). `name` itself outside a sweep."""
+    if member is None:
+        return name
+    base = member.name if name == RunConfig().name else name
+    own = child_name(member.own) or (f"job{member.number}" if member.number is not None else "")
+    if not own:
+        return name
+    # `,` between overrides would read as a sweep on a command line: `+`, as refs.find_job takes it
+    own = re.sub(r"[^A-Za-z0-9._+=-]", "_", own.replace(",", "+"))
+    if name.endswith(f"-{own}"):  # named once
+        return name
+    return re.sub(r"[^A-Za-z0-9._+=-]", "_", f"{base}-{own}").lstrip("._+=-")[:RUN_NAME_MAX]
 
 
 def attach(client, exp_id: str, member: Membership | None, uri: str) -> tuple[dict, str | None]:

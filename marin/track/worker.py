@@ -214,8 +214,11 @@ def end(uri: str, run_id: str, status: str) -> None:
 
 
 def warm_report() -> None:
-    """Import the report's plotting (matplotlib, ~0.3 s) while the run trains, not at its end."""
-    from marin.track import report  # noqa: F401 — matplotlib: only in this process
+    """Ready the report's plotting while the run trains, not at its end: matplotlib's imports,
+    fonts and text caches (a throwaway figure drawn: about half a second the run's end skips)."""
+    from marin.track import report  # matplotlib: only in this process
+
+    report.warm()
 
 
 def write_report(rec: record.RunRecord) -> None:

@@ -144,8 +144,8 @@ def test_hero_compiles_for_one_rack_with_its_state_on_host(hero_compiled):
     """The hero's steps compile for one rack in minutes and fit a GB200 (peak ≤ 0.9 × 185 GiB, the
     189,471 MiB a B200 reports).
     On the host: the optimizer state (MuonH momentum of 522B expert weights / 64 devices, fp32,
-    ≈ 30 GiB), the experts' fp32 masters (≈ 30 GiB) and the carries (72 GiB). Measured: train
-    peak 152.4 GiB (was 194.3 before MuonH ran per layer and the masters moved), eval 28.9.
+    ≈ 30 GiB), the experts' fp32 masters (≈ 30 GiB) and the bf16 carries (36 GiB). Measured: train
+    peak 143.5 GiB (180.3 before a bf16 carry was staged as its bits, transformer.name_carry), eval 31.3.
     `hero_compiled` (tests/conftest.py): `launch.py experiment=mochi_535b_a23b dry_run=compile`, run
     once per test run for this test and test_memory_plan's."""
     assert hero_compiled["returncode"] == 0, hero_compiled["stderr"][-3000:]

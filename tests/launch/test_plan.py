@@ -119,14 +119,14 @@ def test_hero_memory_parts_follow_the_layout():
     adamw = accounting.memory_per_device(planned(HERO, "optim=adamw", "optim.offload=false"))
     assert adamw["optimizer"] == pytest.approx(2 * on_device["params"])
     # Offloaded under MuonH: the experts' masters and all optimizer state live in host memory,
-    # with every layer's fp32 carry; the device keeps the rest of the weights and stages one
+    # with every layer's bf16 carry; the device keeps the rest of the weights and stages one
     # Adam moment at a time (MuonH streams its momentum per layer).
     mem = accounting.memory_per_device(cfg)
     assert mem["params"] == pytest.approx(sharded - gib(experts / 64))
     assert mem["gradients"] == pytest.approx(sharded)  # every gradient, one micro-batch: no accumulator
     adam_leaves = [leaf for leaf in leaves if leaf.group != "muonh"]
     assert mem["optimizer"] == pytest.approx(max(gib(leaf.size / accounting.leaf_shards(leaf, cfg)) for leaf in adam_leaves))
-    carries = gib(48 * 16 * 4096 * 6144)  # L × one micro-batch's tokens × d
+    carries = gib(48 * 16 * 4096 * 6144) / 2  # L × one micro-batch's tokens × d, bf16
     assert mem["host"] == pytest.approx(on_device["optimizer"] + gib(experts / 64) + carries)
     assert mem["activations"] == 0  # remat full with the carries in host memory: nothing saved on the device
 
@@ -158,7 +158,7 @@ def test_activations_follow_remat_attention_and_the_micro_batch():
     full = accounting.memory_per_device(cfg)
     assert accounting.PHASES[full["peak_phase"]] == "backward"
     s = accounting.Shapes.of(cfg)
-    assert full["activations"] == pytest.approx(s.L * 16 * 4096 * s.d * 4 / 2**30)  # the fp32 carries
+    assert full["activations"] == pytest.approx(s.L * 16 * 4096 * s.d * 2 / 2**30)  # the bf16 carries
     none = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "model.remat=none"))
     dots = accounting.memory_per_device(planned(RUNG, "model.offload_carry=false", "model.remat=dots"))
     assert none["activations"] > dots["activations"] > full["activations"]

@@ -167,6 +167,22 @@ def test_bfloat16_residual_keeps_the_carry_in_bf16_and_stays_near_fp32(remat):
     np.testing.assert_allclose(bf16, fp32, atol=0.05 * float(jnp.max(jnp.abs(fp32))))
 
 
+def test_a_bf16_carry_is_staged_as_its_bits_with_the_same_values_and_gradients():
+    """`name_carry`: XLA:CPU would slice a stacked bf16 carry in fp32 (a whole fp32 copy of the
+    layers' carries in `dry_run=compile`); as uint16 bits it is sliced as it is. The value and the
+    gradient are bit for bit those of the bf16 carry, and offload_carry stages the bits on the host."""
+    x = jax.random.normal(jax.random.key(0), (B, T, 8)).astype(jnp.bfloat16)
+    f = lambda y: jnp.sum(jnp.sin(y.astype(jnp.float32)) * jnp.arange(8.0))
+    np.testing.assert_array_equal(transformer.name_carry(x), x)
+    np.testing.assert_array_equal(jax.grad(lambda y: f(transformer.name_carry(y)))(x), jax.grad(f)(x))
+    cfg, params, batch, bias, _ = _tiny_forward("model.remat=full", "model.offload_carry=true",
+                                                "model.residual_dtype=bfloat16")
+    grad = lambda: jax.grad(lambda p: transformer.forward(p, batch, bias, cfg, train=True)[0].sum())(params)
+    jaxpr = str(jax.make_jaxpr(grad)())
+    staged = [line for line in jaxpr.splitlines() if "device_put" in line and "<host>" in line]
+    assert staged and all("u16<host>" in line for line in staged), staged
+
+
 def test_combine_dtype_sums_the_moe_output_in_that_dtype():
     _, _, _, _, fp32 = _tiny_forward()
     _, _, _, _, explicit = _tiny_forward("model.combine_dtype=float32")
@@ -199,9 +215,7 @@ def test_bad_numerics_values_are_refused_naming_the_field(field, bad):
 
 @pytest.mark.parametrize("name", ["mochi_535b_a23b", "ladder_d768"])
 def test_hero_and_ladder_run_productions_numerics(name):
-    """Production's bf16 combine and XSA and interleaved RoPE; the residual stays fp32 until a GPU
-    compile shows the bf16 carry fits (conf/experiment/mochi_535b_a23b.yaml says why)."""
+    """Production's bf16 residual stream, combine and XSA and interleaved RoPE."""
     cfg = make_config(f"experiment={name}", "dry_run=true")
-    assert (cfg.model.combine_dtype, cfg.attention.xsa_dtype) == ("bfloat16",) * 2
-    assert cfg.model.residual_dtype == "float32"
+    assert (cfg.model.residual_dtype, cfg.model.combine_dtype, cfg.attention.xsa_dtype) == ("bfloat16",) * 3
     assert cfg.attention.rope_pairing == "interleaved"

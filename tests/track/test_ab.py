@@ -12,22 +12,52 @@ TABLE = ("loss (mean)", "eval loss (last)", "dropped fraction (mean)", "tokens/s
          "peak memory GiB (max)")
 
 
-def _check_report(out: str, parent, steps: str) -> None:
+def _check_report(out: str, err: str, parent, steps: str | None) -> None:
     for label in TABLE:
         assert label in out
-    assert f"control vs parent: train/loss bit-for-bit equal at steps {steps}" in out
-    assert out.strip().splitlines()[-1].startswith("verdict: candidate ")
+    if steps is not None:
+        assert f"control vs parent: train/loss bit-for-bit equal at steps {steps}" in out
+    lines = out.strip().splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("paired A/B from ")):]  # not the parent's
+    assert lines[-1].startswith("verdict: candidate ")
+    # each arm's summary line comes before the table, on stdout: the verdict is the last thing printed
+    table = next(i for i, line in enumerate(lines) if line.startswith("metric "))
+    ends = [i for i, line in enumerate(lines) if line.startswith(("stopped at step", "finished at step"))]
+    assert len(ends) == 2 and max(ends) < table, out
+    assert not any(line.startswith(("stopped at step", "finished at step")) for line in err.splitlines())
 
 
 @pytest.mark.slow
 def test_local_ab_is_one_sweep_of_two_forks_with_a_table_and_a_verdict(tmp_path_factory, capfd):
     parent = forkable_run(tmp_path_factory)
     ab.main([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "2"])
-    out = capfd.readouterr().out
-    _check_report(out, parent, "4…5 (2 steps)")
+    out, err = capfd.readouterr()
+    _check_report(out, err, parent, "4…5 (2 steps)")
     sweeps = list((parent.run_dir.parent.parent / "sweeps").glob("ab-*"))
     jobs = [json.loads(line) for s in sweeps for line in (s / "jobs.jsonl").read_text().splitlines()]
     assert sorted(o for j in jobs for o in j["overrides"]) == ["+ab=candidate", "+ab=control"]  # one sweep, two arms
+
+
+@pytest.mark.slow
+def test_an_ab_from_the_parents_last_step_runs_past_it(tmp_path_factory, capfd):
+    """From a finished parent's last step the arms train on past it: no parent steps to compare the
+    control with, which one line says in place of that check."""
+    parent = forkable_run(tmp_path_factory)                                  # 6 steps, checkpoints 3 and 6
+    ab.main([f"{parent.run_dir}@6", "optim.lr=0.005", "--steps", "2"])
+    out, err = capfd.readouterr()
+    _check_report(out, err, parent, None)
+    assert f"control vs parent: run {parent.run_id} ends at step 6: no parent steps to compare the control with" in out
+
+
+def test_a_parent_under_another_output_folder_by_its_name(tmp_path, capfd):
+    """--out-dir and --tracking-uri, as marin.status and marin.diff take them: the parent is found
+    by its name there (here it has no checkpoint at that step, the next thing checked)."""
+    from tests.helpers import fake_run_dir
+
+    run_id = fake_run_dir(tmp_path, "run: {name: probe}\nschedule: {horizon_steps: null}\ntrain: {steps: 6}\n")
+    with pytest.raises(SystemExit) as exit_:
+        ab.main(["probe@3", "optim.lr=0.005", "--out-dir", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"])
+    assert exit_.value.code == 2 and f"ab: run {run_id} has no checkpoint at step 3" in capfd.readouterr().err
 
 
 def test_bad_candidate_is_refused_before_anything_is_written(tmp_path_factory, capfd):

@@ -54,3 +54,12 @@ def test_unknown_published_lineage_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         lineage.main(["no_such_lineage", "--published"])
     assert exit_.value.code == 2 and "no published lineage 'no_such_lineage' (conf/lineage/: mochi_hero)" in capsys.readouterr().err
+
+
+def test_a_run_under_another_output_folder_by_its_name(tmp_path, capsys):
+    """--out-dir (and --tracking-uri), as marin.status and marin.diff take them."""
+    from tests.helpers import fake_run_dir
+
+    run_id = fake_run_dir(tmp_path, "run: {name: probe}\n")
+    lineage.main(["probe", "--out-dir", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    assert f"lineage of run {run_id}: 1 run" in capsys.readouterr().out

@@ -67,3 +67,18 @@ def test_a_sweep_by_name_directory_or_prefix(out):
     assert refs.find_sweep("lr_grid", out) == "lr_grid"  # open_parent says there is no such sweep
     with pytest.raises(sweep.SweepNotFound, match="no sweep of that name"):
         refs.open_sweep("lr_grid", out_dir=out)
+
+
+def test_a_runs_own_name_still_names_it_beside_its_replays_and_forks(tmp_path):
+    """A replay (`<name>-verify`, `<name>-reproduce`) or a fork (`<name>-step3`) starts with its
+    original's name: that name, given whole, still names the original alone."""
+    original = _run(tmp_path, "probe-0a0a0a0a-20261201-100000-abcdef", RUN_A)
+    _run(tmp_path, "probe-verify-0a0a0a0a-20261201-110000-123456", RUN_B)
+    _run(tmp_path, "probe-reproduce-0a0a0a0a-20261201-120000-654321", "c" * 32)
+    assert refs.find_run("probe", tmp_path) == original
+    assert refs.find_run("probe-verify", tmp_path).name.endswith("123456")
+    with pytest.raises(refs.RefError, match="pro: names 3 runs"):  # a part of a name is still a prefix
+        refs.find_run("pro", tmp_path)
+    _run(tmp_path, "probe-0b0b0b0b-20261201-130000-fedcba", "d" * 32)
+    with pytest.raises(refs.RefError, match="probe: names 2 runs"):  # two runs of that name: which one?
+        refs.find_run("probe", tmp_path)

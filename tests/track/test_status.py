@@ -106,16 +106,18 @@ def _row(out: str, label: str) -> list[str]:
 
 
 def test_no_argument_lists_recent_sweeps_and_runs_and_watch_refreshes(store, configure, multirun_job, monkeypatch,
-                                                                     capsys):
-    rec = record.create(*configure("run.name=listed"))  # before multirun_job makes this process a multirun's
+                                                                     capsys, tmp_path):
+    # An output folder of its own: the session store's other runs (one with a Slurm job) would add columns.
+    out = tmp_path / "out"
+    rec = record.create(*configure("run.name=listed", f"run.out_dir={out}"))  # before multirun_job makes this a multirun
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
-    job = record.create(*multirun_job(0, "sweep=lr_grid", "optim.lr=1e-3"))
+    job = record.create(*multirun_job(0, "sweep=lr_grid", "optim.lr=1e-3", f"run.out_dir={out}"))
     client = MlflowClient(store["uri"])
     client.log_metric(rec.run_id, "train/loss", 4.5, step=2)
     client.log_metric(rec.run_id, "eval/macro_loss", 4.75, step=2)
     client.set_terminated(rec.run_id, "FINISHED")
 
-    assert status.main(["--out-dir", str(store["out"]), "--watch", "0.01", "--count", "2"]) == 0
+    assert status.main(["--out-dir", str(out), "--watch", "0.01", "--count", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("runs (python -m marin.status <run>") == 2  # printed twice, then it stopped
     assert _row(out, rec.run_dir.name)[1:] == ["FINISHED", "2/4", "4.5000", "4.7500", rec.run_id]

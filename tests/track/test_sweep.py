@@ -42,6 +42,31 @@ def test_one_parent_per_launch_and_a_child_per_job(store, multirun_job, monkeypa
     assert client.get_run(parent.info.run_id).info.status == "FAILED"
 
 
+def test_a_sweeps_jobs_are_named_after_it_and_their_own_overrides(store, multirun_job, monkeypatch):
+    """Run directories (and run.name) of a sweep's jobs say which job each is, not `default-…`."""
+    made = _launch(multirun_job, monkeypatch, [0.001, 0.03])
+    assert [r.run_dir.name.rsplit("-", 4)[0] for r in made] == ["lr_grid-lr=0.001", "lr_grid-lr=0.03"]
+    assert made[0].resolved().run.name == "lr_grid-lr=0.001"
+    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "optim.lr=0.001,0.003", "run.name=probe"])
+    named = record.create(*multirun_job(0, "run.name=probe", "optim.lr=0.001"))  # a plain -m: its run.name
+    assert named.run_dir.name.startswith("probe-lr=0.001-")
+
+
+def test_job_names_keep_to_the_run_name_rules():
+    from marin.config.validate import RUN_NAME
+
+    def member(*own, number=None):
+        return sweep.Membership("ladder", "abc", Path("x"), {}, list(own), None, "default", number)
+
+    assert sweep.job_name("default", member("model={name:d64,d_model:64}", "data.root=/a b")) == "ladder-model=d64+root=_a_b"
+    assert sweep.job_name("mine", member(number=3)) == "mine-job3"        # nothing swept of its own: its number
+    assert sweep.job_name("mine-job3", member(number=3)) == "mine-job3"   # a job's name is made once
+    assert sweep.job_name("default", None) == "default"                   # not a sweep's job
+    odd = sweep.Membership(".my sweep", "abc", Path("x"), {}, ["optim.lr=0.1"], None, "default")
+    assert sweep.job_name("default", odd) == "my_sweep-lr=0.1"            # a run.sweep is not checked: this is
+    assert RUN_NAME.fullmatch(sweep.job_name("default", member(f"optim.lr={'1' * 300}")))
+
+
 def test_explicit_sweep_id_joins_an_existing_parent(store, multirun_job, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["launch.py"])
     a = record.create(*multirun_job(0, "sweep=capacity_factor", "run.sweep_id=joined"))

@@ -196,9 +196,11 @@ def test_a_frozen_server_never_stalls_the_caller(configure, store):
         for step in range(200):
             t.log_metrics({"train/loss": float(step)}, step=step)
             t.set_tags({"step": str(step)})
-        assert time.monotonic() - began < 1.0
-        t.finish("FINISHED")
+        # A call that waited on the server would block for MLflow's HTTP timeout (120 s); these
+        # bounds leave room for a loaded machine and still tell the two apart.
         assert time.monotonic() - began < 5.0
+        t.finish("FINISHED")
+        assert time.monotonic() - began < 15.0
     assert len((real.run_dir / tracker.UNSENT).read_text().splitlines()) == 200
     assert real.info()["status_unsent"] == "FINISHED"
     assert tracker.send_unsent(real) == 200

@@ -74,7 +74,10 @@ def test_untouched_run_verifies_identical(original, capsys):
     tags = MlflowClient(rec.tracking_uri).get_run(run_id).data.tags
     assert tags["verification_of"] == rec.run_id and tags["verify_result"] == "identical"
     from marin.launch.verify import main
+    from marin.track import record
     assert main([str(rec.run_dir), str(replay)]) == 0         # the command-line comparison of two runs agrees
+    assert replay.name.startswith("default-verify-")          # a replay is named as one, so the original's
+    assert record.open("default", out_dir=tmp).run_id == rec.run_id   # name still names the original alone
 
 
 @pytest.mark.slow
@@ -125,6 +128,21 @@ def test_copied_run_directory_is_verified_against_its_metrics_file(original, cap
     out = capsys.readouterr().out
     assert out.startswith(f"verify: first divergence at step 5: train/loss = {nudged!r} recorded vs "), out
     assert str(copy / "metrics.jsonl") in out.splitlines()[0]
+
+
+def test_a_replay_is_named_after_its_original(original, capsys):
+    """reproduce= and verify=true make runs of their own, named `<name>-reproduce` and
+    `<name>-verify` (run.name= names one as asked), so the original's name still names it alone."""
+    from marin.launch.entry import _dispatch
+
+    rec, site, tmp = original
+    for args, name in [((f"reproduce={rec.run_dir}",), "default-reproduce"),
+                       ((f"reproduce={rec.run_dir}", "verify=true"), "default-verify"),
+                       ((f"reproduce={rec.run_dir}", "run.name=mine"), "mine")]:
+        overrides = [*args, "dry_run=true", *site]
+        with _signals_kept():
+            _dispatch(compose_dict(*overrides), overrides)
+        assert f"run {name}" in capsys.readouterr().out, args
 
 
 def test_compare_rtol_and_missing_metrics():

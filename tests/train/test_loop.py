@@ -137,9 +137,11 @@ def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
     rows = [json.loads(line) for line in (rec.run_dir / "metrics.jsonl").read_text().splitlines()]
     tps = {r["step"]: r["value"] for r in rows if r["key"] == "train/tokens_per_s"}
     assert sorted(tps) == list(range(1, 31))
-    median = statistics.median(tps.values())
-    spikes = {step: round(v / median, 1) for step, v in tps.items() if v > 3 * median}
-    assert not spikes, f"steps with tokens/s above 3x the median {median:.0f}: {spikes}"
+    # One step's tokens/s swings 3-4x on a shared 2-core machine, so compare medians: the step after each eval
+    # against all others. The bug this guards gave 35-50x there; noise moves a median of five far less than 10x.
+    after_eval = {6, 11, 16, 21, 26}
+    ratio = statistics.median(tps[s] for s in after_eval) / statistics.median(v for s, v in tps.items() if s not in after_eval)
+    assert ratio < 10, f"tokens/s on the steps after an eval is {ratio:.1f}x the others': {tps}"
     assert {r["step"] for r in rows if r["key"] == "usage/time/eval_s"} == {5, 10, 15, 20, 25, 30}
 
 
