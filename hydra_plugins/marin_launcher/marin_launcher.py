@@ -218,10 +218,12 @@ class MarinLauncher(Launcher):
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nnothing was submitted")
 
-        # One array per distinct request (an array shares its sbatch parameters).
+        # One array per distinct request (an array shares its sbatch parameters). The job name is
+        # not part of the request: each job's run.name is its own (sweep.job_name), the array's is the sweep's.
         groups: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
-            groups.setdefault(repr(sorted(slurm.slurm_parameters(job.resolved).items())), []).append(i)
+            request = {k: v for k, v in slurm.slurm_parameters(job.resolved).items() if k != "job_name"}
+            groups.setdefault(repr(sorted(request.items())), []).append(i)
         out_root = backend.out_dir(jobs[0].resolved) / "slurm-arrays"
         submitted = {}
         for members in groups.values():
@@ -229,7 +231,7 @@ class MarinLauncher(Launcher):
             folder = out_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             ex = slurm.executor(first, folder)
             ex.update_parameters(array_parallelism=self.array_parallelism,
-                                 job_name=f"marin-{first.run.sweep or first.run.name}")
+                                 job_name=f"marin-{sweep.sweep_name(first) or first.run.name}")
             # secrets reach the jobs through sbatch's environment, not the script or the submission
             with slurm.clean_environment(), slurm.secret_environment(first), ex.batch():
                 pending = [ex.submit(slurm.TrainJob(slurm.config_yaml(jobs[i].composed), slurm.record_fields(records[i]),

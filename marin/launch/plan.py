@@ -14,7 +14,7 @@ import sys
 from marin.config import derive
 from marin.config.schema import Config
 from marin.data import mixture
-from marin.launch.memory import device_peak, fits, over_machine_memory, over_memory
+from marin.launch.memory import device_peak, fits, host_fits, host_limit_gib, over_machine_memory, over_memory
 from marin.launch.slurm import describe, slurm_parameters
 from marin.model import accounting
 from marin.optim.decay import describe as decay_lines
@@ -81,6 +81,8 @@ def plan(cfg: Config) -> dict:
         "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
         "memory_eval_per_device_gib": accounting.eval_memory_per_device(cfg),
         "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
+        "memory_host_limit_gib": host_limit_gib(hw),  # hardware.host_memory_per_device_gib (None: no figure)
+        "host_fits": host_fits(cfg, memory["host"]),
         "memory_limit_gib": derive.memory_limit_gib(hw),
         "fits": fits(cfg, device_peak(cfg)),
     }
@@ -169,7 +171,10 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
           + [("eval step / device", f"{p['memory_eval_per_device_gib']:.1f} GiB  (estimate)")]
-          + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)")] if p["memory_host_gib"] else [])),
+          + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)" + (
+              "" if p["host_fits"] is None else
+              f"; limit {p['memory_host_limit_gib']:.1f} GiB: {'fits' if p['host_fits'] else 'DOES NOT FIT'}"))]
+             if p["memory_host_gib"] else [])),
     ]
     if "init" in p:
         sections.append(("context extension", [

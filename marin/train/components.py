@@ -178,11 +178,14 @@ class Evaluator:
     ``eval/<set>/loss_dropped``     ``eval/<set>/loss``                     with drops
     ``eval/<set>/bpb_dropped``      ``eval/<set>/bpb``                      with drops
     ``eval/macro_loss``, ``_bpb``   ``eval_dropless/macro_loss``, ``_bpb``  dropless
+    ``eval/macro_loss_dropped``     ``eval/macro_loss`` (the headline)      with drops
+    ``eval/macro_bpb_dropped``      ``eval/macro_bpb``                      with drops
     ==============================  ======================================  ===================
 
     (the ``_dropped`` ones with ``eval.with_drops``). A folder of subsets (``subsets: true``, e.g.
-    a site's Paloma copy as set ``paloma``) gives ``eval/paloma/<subset>/…`` and the macro average
-    over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb``; ``eval/macro_*`` averages every set.
+    a site's Paloma copy as set ``paloma``) gives ``eval/paloma/<subset>/…`` and the macro averages
+    over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb`` (and ``_dropped``, published
+    ``eval/paloma/macro_loss``); ``eval/macro_*`` averages every set.
     Bits per byte = loss / ln 2 / the set's UTF-8 bytes per scored token
     (`Loader.eval_bytes_per_token`); the loss is the mean over the set's batches."""
 
@@ -213,7 +216,7 @@ class Evaluator:
                 bpt = bytes_per_token.get(name, math.nan)
                 if bpt > 0:
                     losses[f"eval/{name}/{key.replace('loss', 'bpb')}"] = loss / math.log(2) / bpt
-        for metric in ("loss", "bpb"):
+        for metric in ("loss", "bpb", "loss_dropped", "bpb_dropped"):  # the _dropped ones with eval.with_drops
             per_set = {k.removeprefix("eval/").removesuffix(f"/{metric}"): v for k, v in losses.items()
                        if k.endswith(f"/{metric}")}
             groups: dict[str, list[float]] = {}

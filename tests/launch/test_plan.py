@@ -143,6 +143,16 @@ def test_offload_moves_state_to_the_host():
     assert device["activations"] == pytest.approx(carry["host"])  # the same carries, on the device
 
 
+def test_the_plan_compares_host_memory_with_the_trays():
+    """The offloaded bytes beside the host memory per device (one Grace's 480 GB for 2 GPUs) and a
+    verdict, as the device side has; a run larger than the host is said to be so."""
+    text = format_plan(plan(planned(HERO)))
+    line = next(line for line in text.splitlines() if "host memory / device" in line)
+    assert line.split()[-1] == "fits" and "limit 223.5 GiB" in line, line
+    over = format_plan(plan(planned(HERO, "hardware.host_memory_per_device_gib=50")))
+    assert "limit 50.0 GiB: DOES NOT FIT" in next(l for l in over.splitlines() if "host memory / device" in l)
+
+
 def test_memory_scales_with_the_rack_not_the_racks():
     one_rack = accounting.memory_per_device(planned(RUNG))
     half_rack = accounting.memory_per_device(planned(RUNG, "hardware.nodes=8", "hardware.mesh.expert=32"))

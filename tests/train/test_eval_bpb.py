@@ -58,6 +58,9 @@ def test_bits_per_byte_per_set_and_their_macro_average(loader):
     assert out["eval/tiny/bpb_dropped"] == pytest.approx(2 * bits * 4 / 2)
     assert out["eval/macro_bpb"] == pytest.approx((bits * 2 + bits * 1.5) / 2)
     assert out["eval/macro_loss"] == pytest.approx(math.log(V))
+    # with drops too: production's headline eval/macro_loss was the with-drops one (eval.with_drops)
+    assert out["eval/macro_loss_dropped"] == pytest.approx(2 * math.log(V))
+    assert out["eval/macro_bpb_dropped"] == pytest.approx(2 * (bits * 2 + bits * 1.5) / 2)
     assert tracker.rows["eval/tiny/bpb"] == out["eval/tiny/bpb"]
 
 
@@ -82,4 +85,5 @@ def test_a_folder_of_subsets_is_one_set_each_with_its_macro_average(tmp_path):
     assert out["eval/paloma/c4_en/bpb"] == pytest.approx(bits * 2)
     assert out["eval/paloma/macro_bpb"] == pytest.approx(bits * (2 + 1.5) / 2)
     assert out["eval/paloma/macro_loss"] == pytest.approx(math.log(V))
+    assert out["eval/paloma/macro_loss_dropped"] == pytest.approx(2 * math.log(V))
     assert out["eval/macro_bpb"] == out["eval/paloma/macro_bpb"]
