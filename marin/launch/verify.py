@@ -76,7 +76,8 @@ class Plan:
 # ---------------------------------------------------------------------------- the record
 
 def is_wall_clock(key: str) -> bool:
-    return key.rsplit("/", 1)[-1] in WALL_CLOCK
+    """Timings, and MLflow's system metrics (the machine sampled on its own clock): never compared."""
+    return key.rsplit("/", 1)[-1] in WALL_CLOCK or key.startswith("system/")
 
 
 def read_jsonl(path: Path) -> dict:

@@ -158,6 +158,18 @@ def test_compare_rtol_and_missing_metrics():
     assert compare(recorded, replayed, rtol=1e-6) == (None, 3)                  # tokens/s never compared
 
 
+def test_the_machines_own_measurements_are_never_compared():
+    """MLflow's system metrics (tracking.system_metrics, on by default) sample the machine on their
+    own clock: a replay logs others, at other steps. A default run verified against them failed at
+    step 1 ("system/cpu_utilization_percentage = 85.4 recorded, not logged by the replay")."""
+    from marin.launch.verify import compare
+
+    recorded = {("train/loss", 1): 1.0, ("system/cpu_utilization_percentage", 1): 85.4,
+                ("system/system_memory_usage_megabytes", 2): 900.0, ("train/loss", 2): 0.5}
+    replayed = {("train/loss", 1): 1.0, ("train/loss", 2): 0.5, ("system/cpu_utilization_percentage", 2): 50.0}
+    assert compare(recorded, replayed) == (None, 2)
+
+
 @pytest.mark.parametrize("args, field", [
     ((), "verify"),                                           # no reproduce=
     (("verify_steps=5:9",), "verify_steps"),                  # past the run's last step (6)
