@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from marin.cli import config_errors, fail, setup_logging
+from marin.config import derive
 from marin.config.store import name_options
 from marin.config.validate import ConfigError
 from marin.launch.checks import load
@@ -89,6 +90,10 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         return
     if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
         print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
+        print("# derived from the fields above (marin.config.derive), held by no field:\n"
+              f"#   warmup steps: {derive.warmup_steps(resolved)}  (schedule.warmup_frac × train.steps)\n"
+              f"#   data phase boundaries: {derive.phase_boundary_steps(resolved)}  (data.phase_boundaries × steps, "
+              "on mixture-block edges)")
         return
     if resolved.dry_run:
         print_plan(resolved, as_json=resolved.dry_run == "json")

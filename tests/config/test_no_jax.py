@@ -44,3 +44,16 @@ def test_dry_run_config_prints_the_resolved_yaml_without_jax():
     tree = yaml.safe_load(out.stdout)
     assert isinstance(tree["train"]["steps"], int) and isinstance(tree["attention"]["num_heads"], int)
     assert "auto" not in out.stdout.split(), out.stdout
+
+
+def test_dry_run_config_ends_with_the_derived_step_counts():
+    """Warmup and the data phase boundaries are derived from fractions, so no field holds them:
+    the YAML ends with them as comments (still YAML), the hero's as production ran (3,902; 312,192)."""
+    import yaml
+
+    out = subprocess.run([sys.executable, "launch.py", "experiment=mochi_535b_a23b", "dry_run=config"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    tail = out.stdout.splitlines()[-3:]
+    assert tail[0].startswith("# derived") and "warmup steps: 3902" in tail[1] and "[312192]" in tail[2], tail
+    assert yaml.safe_load(out.stdout)["schedule"]["warmup_frac"] == 0.01
