@@ -158,6 +158,12 @@ def _run_arms(command: list[str]) -> int:
     return done.returncode
 
 
+def sweep_id_override(sid: str) -> str:
+    """`run.sweep_id` for the arms' command line, quoted: Hydra reads an unquoted hex id such as
+    99e73426 as a number (inf), and the arms would join another sweep than the one looked for."""
+    return f"run.sweep_id='{sid}'"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = Parser(prog="python -m marin.ab", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="<run directory or MLflow run id>@<step>")
@@ -218,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     write_arms(arms_dir, leaves)
     slurm = control.resolved.hardware.launcher == "slurm"
     command = [sys.executable, str(PROJECT_ROOT / "launch.py"), "-m", f"hydra.searchpath=[file://{arms_dir}]",
-               "+ab=" + ",".join(ARMS), f"fork={spec}", *shared, "run.sweep=ab", f"run.sweep_id={sid}",
+               "+ab=" + ",".join(ARMS), f"fork={spec}", *shared, "run.sweep=ab", sweep_id_override(sid),
                *(["wait=true"] if slurm else [])]
     print(f"paired A/B from {control.parent.run_id}@{step}: {last - step} steps ({first}…{last}), "
           f"{'a Slurm array' if slurm else 'here, one arm after the other'}\n"

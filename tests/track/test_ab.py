@@ -80,3 +80,12 @@ def test_divergence_names_the_first_step_that_differs():
     line, equal = ab.divergence(parent, {4: 1.5, 5: 1.2500001, 6: 1.0}, 4, 6)
     assert not equal and line.startswith("control vs parent: DIVERGE at step 5 (parent 1.25, control 1.2500001)")
     assert ab.divergence({}, {4: 1.5}, 4, 4)[1] is False                     # nothing to check is no pass
+
+
+def test_the_arms_sweep_id_stays_a_string_whatever_its_hex_digits():
+    """An id such as 99e73426 reads as a number on a Hydra command line (99 × 10^73426 = inf): the
+    arms then joined sweep `ab-inf` and marin.ab found none of them in `ab-99e73426`."""
+    from tests.helpers import compose_dict
+
+    for sid in ("99e73426", "12345678", "0e000001", "a1b2c3d4"):
+        assert compose_dict("model=tiny", ab.sweep_id_override(sid))["run"]["sweep_id"] == sid

@@ -1,6 +1,7 @@
 """Issue 18 item 5 end to end: a tiny run on mixture A for 10 steps, `resume=` on mixture B (other
 weights over the same sources). Each source continues from its read position in the checkpoint,
-B's weights apply from step 10, and the switch is an MLflow tag with its step."""
+B's weights apply from step 10, and the switch is an MLflow tag with its step. A fork at step 10
+onto B (the hero's step-108,000 cutover, README) continues from the same positions."""
 from __future__ import annotations
 
 import signal
@@ -40,6 +41,12 @@ def test_resume_on_another_mixture_keeps_every_read_position(tmp_path):
     try:
         train(on_a, rec)
         resume([f"resume={rec.run_dir}", *B_MIX])
+        from omegaconf import OmegaConf
+
+        from marin.launch.fork import fork
+
+        spec = f"{rec.run_dir}@10"
+        forked = fork(OmegaConf.create({"fork": spec}), [f"fork={spec}", *B_MIX])
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -53,6 +60,7 @@ def test_resume_on_another_mixture_keeps_every_read_position(tmp_path):
     b_loader.resume(10, at_swap)
     assert at_swap["data"] == a_loader.position(10)
     assert at_end["data"] == b_loader.position(20)  # what the resumed run saved: positions continued
+    assert _saved_meta(forked.run_dir, 20)["data"] == at_end["data"]  # the fork onto B: the same reads
     names = b_loader.source_names
     rows = {n: at_end["data"]["rows"][f"{n}/pretrain"] - at_swap["data"]["rows"][f"{n}/pretrain"] for n in names}
     assert rows == pytest.approx({names[0]: 30, names[1]: 10}, abs=1)  # B's weights over 10 steps × 4 rows
