@@ -12,7 +12,7 @@ import os
 import sys
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from marin.cli import config_errors, fail, setup_logging
 from marin.config import derive
@@ -53,9 +53,22 @@ def dispatch(cfg: DictConfig) -> None:
         sys.exit(141)  # 128 + SIGPIPE, what a shell reports for tools killed by the closed pipe
 
 
+RUN_REFERENCES = ("resume", "reproduce", "fork", "train.init_from")
+
+
+def keep_run_references(cfg: DictConfig, job_overrides: list[str]) -> None:
+    """A run reference as the command line typed it: an id prefix is hex, and Hydra's parser reads
+    `resume=12e4` as the float 120000.0 (a run that is never found)."""
+    for override in job_overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+") in RUN_REFERENCES and value and value[0] not in "'\"[{":
+            OmegaConf.update(cfg, key.lstrip("+"), value, merge=False)
+
+
 def _guarded(cfg: DictConfig) -> None:
     setup_logging()
     job_overrides = overrides()
+    keep_run_references(cfg, job_overrides)
     if HydraConfig.initialized():  # under @hydra.main (tests compose with marin.config.store.compose)
         name_options(cfg, HydraConfig.get().runtime.choices)
     secrets.scan_overrides(job_overrides)

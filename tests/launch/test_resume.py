@@ -201,3 +201,17 @@ def test_resume_runs_to_the_end_without_the_first_stop_after(stopped_run, capsys
     assert client.get_run(stopped_run.run_id).info.status == "FINISHED"
     info = json.loads((stopped_run.run_dir / "record.json").read_text())
     assert len(info["resumes"]) == 1 and "train.stop_after" not in info["resumes"][0]["changes"]
+
+
+def test_a_run_reference_reads_as_typed_even_when_it_looks_like_a_number():
+    """An id prefix is hex: `resume=12e4` or `reproduce=1e10` is a run, not a float (Hydra's
+    parser made them 120000.0 and 10000000000.0, so the run was never found)."""
+    from omegaconf import OmegaConf
+
+    from marin.launch.entry import keep_run_references
+    from tests.helpers import compose_dict
+
+    typed = ["resume=12e4", "reproduce=1e10", "fork=1e5@3", "train.init_from=12e4"]
+    cfg = OmegaConf.create(compose_dict("model=tiny", *typed))
+    keep_run_references(cfg, typed)
+    assert (cfg.resume, cfg.reproduce, cfg.fork, cfg.train.init_from) == ("12e4", "1e10", "1e5@3", "12e4")
