@@ -147,3 +147,28 @@ def test_qk_mult_auto_without_extension_is_the_base():
     assert make_config("attention.qk_mult=auto", "attention.qk_mult_base=1.7").attention.qk_mult == 1.7
     cfg = make_config("attention.qk_mult=auto", "train.init_seq_len=64", "train.seq_len=256", "dry_run=true")
     assert cfg.attention.qk_mult == pytest.approx(1.3 * (1 + 0.1 * 1.3862943611198906))
+
+
+def test_the_readmes_hero_story_plans_as_dry_runs():
+    """README "The hero run, as configs": every `launch.py experiment=…` line plans (dry_run=true),
+    and each fork's state plans from the experiment with the fork's overrides (a fork= line itself
+    needs its parent run)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    story = readme.split("## The hero run, as configs", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line.split("#", 1)[0]) for line in story.splitlines() if line.startswith("python launch.py")]
+    planned = 0
+    for words in lines:
+        args = [w for w in words[2:] if not w.startswith(("dry_run=", "resume="))]
+        if not args or any("<" in w for w in args if not w.startswith("train.init_from=")):
+            continue
+        args = [re.sub(r"<run>@", "some-run@", w) for w in args]
+        if args[0].startswith("fork="):  # the state the fork runs in: the experiment with its overrides
+            args = ["experiment=mochi_535b_a23b", *args[1:]]
+        out = plan(make_config(*args, "dry_run=true"))
+        assert out["steps"] > 0 and out["fits"], (words, out["fits"])
+        planned += 1
+    assert planned == 5, lines  # launch (twice: compile, named), two forks' states, the 8K stage
