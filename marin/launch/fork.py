@@ -97,6 +97,8 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
     overrides = [o for o in overrides if _key(o) != "reproduce"] + [f"fork={parent.run_id}@{step}"]
     changes = {k: v for k, v in changes_between(parent_cfg, record.config_dict(resolved)).items()
                if k not in IGNORED and not k.startswith(("run.", "train.init_from"))}
+    if resolved.hardware.launcher != "slurm":  # trained here: JAX starts (for the check) as the run needs it
+        apply_environment(resolved.hardware)
     _check_structure(parent, step, resolved, changes, given)
     return Fork(composed, resolved, overrides, parent, step, changes)
 
@@ -134,5 +136,4 @@ def fork(cfg, command_overrides: list[str]) -> record.RunRecord | None:
         return None
     from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
-    apply_environment(resolved.hardware)
     return run_local(made.composed, resolved, made.overrides)

@@ -25,6 +25,7 @@ def _check_report(out: str, err: str, parent, steps: str | None) -> None:
     ends = [i for i, line in enumerate(lines) if line.startswith(("stopped at step", "finished at step"))]
     assert len(ends) == 2 and max(ends) < table, out
     assert not any(line.startswith(("stopped at step", "finished at step")) for line in err.splitlines())
+    assert "backend started before" not in err  # each arm is a `launch.py fork=` process: as quiet as a fresh run
 
 
 @pytest.mark.slow
