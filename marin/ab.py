@@ -198,15 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     parent_cfg = parent.resolved()
     end = parent_cfg.schedule.horizon_steps or parent_cfg.train.steps
     past_end = step >= end  # from a finished run's last step the arms go on past it
+    extend = []
     if past_end:  # both on one schedule laid out for the longer run (a paired comparison still)
         extend = [f"train.steps={last}"] + (["schedule.horizon_steps=null"] if parent_cfg.schedule.horizon_steps else [])
         print(f"note: step {step} is run {parent.run_id}'s last: the arms run on past it, steps {first}…{last} "
               f"(train.steps={last} for both)", file=sys.stderr)
     elif last > end:  # otherwise on the parent's schedule, so no further than its last step
         print(f"note: run {parent.run_id} ends at step {end}: the arms run steps {first}…{end}", file=sys.stderr)
-        last, extend = end, []
-    else:
-        extend = []
+        last = end
     shared = [*args.both, *extend, f"train.stop_after={last}"]
     try:  # both arms validated (and the candidate's structure checked) before anything is written
         control = compose(spec, shared)

@@ -31,6 +31,11 @@ from marin.config.schema import GROUPS, Config
 _registered = False
 
 
+def override_key(override: str) -> str:
+    """The key a command-line override sets: `+a.b=1`, `~a.b` and `a.b=1` all set `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def private_tmp() -> str:
     """$TMPDIR/marin-hydra-<uid>, made (or fixed to) mode 0700: Hydra's multirun.yaml there holds
     the command line, and $TMPDIR is often shared (the launcher removes that file at once:

@@ -65,6 +65,7 @@ COMPILE_DRY_RUNS = ("compile", "compile_json")  # the real steps compiled: a tab
 # nothing a shell would expand).
 RUN_NAME_MAX = 120
 RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+=-]{{0,{RUN_NAME_MAX - 1}}}")
+NOT_IN_RUN_NAME = re.compile(r"[^A-Za-z0-9._+=-]")  # what a made-up name (sweep.job_name) replaces with _
 
 
 def missing_keys(cfg: DictConfig) -> list[tuple[str, str]]:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
+from marin.config.store import override_key
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
-from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, _key, _last_per_key, changes_between
+from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, _last_per_key, changes_between
 from marin.launch.slurm import submit
 from marin.track import record
 from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure, checkpoint_dir, listed_steps
@@ -68,12 +69,12 @@ def _parent(spec: str, new: list[str]) -> tuple[record.RunRecord, int]:
 def compose(spec: str, command_overrides: list[str]) -> Fork:
     """The new run's config: the parent's, recomposed with `command_overrides` (a `fork=` entry
     among them is ignored), starting from the parent's checkpoint `step`. Raises ForkError."""
-    new = [o for o in command_overrides if _key(o) != "fork"]
+    new = [o for o in command_overrides if override_key(o) != "fork"]
     parent, step = _parent(spec, new)
-    given = {_key(o) for o in new}
+    given = {override_key(o) for o in new}
     # The parent as it last ran: the overrides of its resumes too (a transport switched by resume=)
     earlier = parent.info().get("resumes") or []
-    new = _last_per_key([o for r in earlier for o in r.get("overrides", []) if _key(o) not in PER_INVOCATION] + new)
+    new = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     latest = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     parent_cfg = record.config_dict(OmegaConf.load(parent.run_dir / latest))
     extra = [f"{k}=null" for k in PER_INVOCATION if k not in given]  # the parent's stop_after was its own
@@ -94,7 +95,7 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
                 section, leaf = key.split(".")
                 setattr(getattr(cfg, section), leaf, parent.tracking_uri if key == "tracking.uri"
                         else parent_cfg["run"]["out_dir"])
-    overrides = [o for o in overrides if _key(o) != "reproduce"] + [f"fork={parent.run_id}@{step}"]
+    overrides = [o for o in overrides if override_key(o) != "reproduce"] + [f"fork={parent.run_id}@{step}"]
     changes = {k: v for k, v in changes_between(parent_cfg, record.config_dict(resolved)).items()
                if k not in IGNORED and not k.startswith(("run.", "train.init_from"))}
     if resolved.hardware.launcher != "slurm":  # trained here: JAX starts (for the check) as the run needs it

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import compose
+from marin.config.store import compose, override_key
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
@@ -48,9 +48,6 @@ WATCHED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy
 class ReproduceError(ValueError):
     """A saved run that cannot be reproduced as asked; the message is one line."""
 
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _check_targets(tree, where: str) -> None:
@@ -188,14 +185,14 @@ def _unflatten(flat: dict) -> dict:
 
 def lookup_uri(new_overrides: list[str]) -> str | None:
     for o in reversed(new_overrides):
-        if _key(o) == "tracking.uri":
+        if override_key(o) == "tracking.uri":
             return o.split("=", 1)[1]
     return os.environ.get("MLFLOW_TRACKING_URI")
 
 
 def out_dir(new_overrides: list[str]) -> Path | None:
     for o in reversed(new_overrides):
-        if _key(o) == "run.out_dir":
+        if override_key(o) == "run.out_dir":
             return backend.out_dir(Config(run=RunConfig(out_dir=o.split("=", 1)[1])))
     return None
 
@@ -233,29 +230,29 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     itself which run it continues). A reproduction is named `<name>-reproduce` unless
     `new_overrides` name it. Raises ReproduceError (one line) or validate.ConfigError.
     """
-    new = [o for o in new_overrides if _key(o) != "reproduce"]
+    new = [o for o in new_overrides if override_key(o) != "reproduce"]
     try:
         source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
-    if verb == "reproducing" and not any(_key(o) == "run.name" for o in new):
+    if verb == "reproducing" and not any(override_key(o) == "run.name" for o in new):
         new.append(f"run.name={replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')}")
     _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
-    _check_targets({_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
+    _check_targets({override_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
     _fill_added(saved)
     _check_schema(saved)
     kept = []
     for o in source.overrides():
-        if _key(o) in SITE + CONTROL:
+        if override_key(o) in SITE + CONTROL:
             continue
         if secrets.REDACTED in o:
             log.warning("saved override %s was redacted: the current environment's value is used", o)
             continue
         kept.append(o)
-    _check_interpolations({_key(o): o.split("=", 1)[-1] for o in kept}, f"{source.run_dir / record.OVERRIDES}")
-    _check_targets({_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
+    _check_interpolations({override_key(o): o.split("=", 1)[-1] for o in kept}, f"{source.run_dir / record.OVERRIDES}")
+    _check_targets({override_key(o): o.split("=", 1)[-1] for o in kept}, "saved overrides")
 
     search, gone = search_path_override(source.info().get("config_search_path") or [])
     if gone:  # the saved config holds what those folders gave: it is the base as it is
@@ -284,14 +281,14 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
             merged[key] = value
     for key in set(base) - set(wanted):  # removed by a ~key override
         merged.pop(key, None)
-    own = {_key(o) for o in new if _is_under(_key(o), UNTRUSTED)}
+    own = {override_key(o) for o in new if _is_under(override_key(o), UNTRUSTED)}
     for key, value in wanted.items():  # the user's own, even where equal to conf/ (an untrusted value reset)
         if _is_under(key, own):
             merged[key] = value
     for key in SITE + CONTROL:
         merged[key] = wanted.get(key)
     for key in NOT_INHERITED:
-        if not any(_key(o) == key for o in new):
+        if not any(override_key(o) == key for o in new):
             merged[key] = None
     _check_trust(merged, own, bool(wanted.get("reproduce_trust")))
     for key, value in list(merged.items()):  # secrets were never saved: this environment's, if any

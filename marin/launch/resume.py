@@ -30,6 +30,7 @@ import time
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
+from marin.config.store import override_key
 from marin.config.validate import ConfigError
 from marin.launch import slurm as slurm_launch
 from marin.launch.distributed import apply_environment, check_gpu_install
@@ -53,16 +54,13 @@ PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
 
 def _last_per_key(overrides: list[str]) -> list[str]:
     """Later overrides of a key replace earlier ones (Hydra refuses a key given twice)."""
     out: dict[str, str] = {}
     for o in overrides:
-        out.pop(_key(o), None)
-        out[_key(o)] = o
+        out.pop(override_key(o), None)
+        out[override_key(o)] = o
     return list(out.values())
 
 
@@ -79,7 +77,7 @@ def _describe(changes: dict) -> str:
 
 def _recompose(source, overrides: list[str], previous: dict):
     """(composed, resolved, changes against `previous`) of the run with `overrides`."""
-    if not any(_key(o) in PER_INVOCATION for o in overrides):  # the saved run's stop_after ended its invocation
+    if not any(override_key(o) in PER_INVOCATION for o in overrides):  # the saved run's stop_after ended its invocation
         overrides = [*overrides, *(f"{k}=null" for k in PER_INVOCATION)]
     try:
         composed, resolved, _ = recompose(str(source.run_dir), overrides, verb="resuming")
@@ -95,20 +93,20 @@ def _recompose(source, overrides: list[str], previous: dict):
 
 
 def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref: str | None = None) -> None:
-    new = [o for o in command_overrides if _key(o) != "resume"]
-    ref = ref or next(o.split("=", 1)[1] for o in command_overrides if _key(o) == "resume")
+    new = [o for o in command_overrides if override_key(o) != "resume"]
+    ref = ref or next(o.split("=", 1)[1] for o in command_overrides if override_key(o) == "resume")
     try:
         source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         fail(f"resume: {err}")
     earlier = source.info().get("resumes") or []
-    carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if _key(o) not in PER_INVOCATION] + new)
+    carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     previous = record.config_dict(OmegaConf.load(source.run_dir / base))
     steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())
     composed, resolved, changes = _recompose(source, carried, previous)
     if ("schedule.horizon_steps" in changes and steps
-            and not any(_key(o) == "schedule.horizon_from_step" for o in carried)):
+            and not any(override_key(o) == "schedule.horizon_from_step" for o in carried)):
         # The failure plan: the lr follows the original decay up to the checkpoint, then decays
         # to the new last step (marin/optim/schedule.py); the mixture's phases follow the horizon.
         carried.append(f"schedule.horizon_from_step={steps[-1]}")
@@ -189,14 +187,14 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
     try:
         check_structure(source.run_dir, abstract_state(resolved))
     except StructureMismatch as err:
-        given = {_key(o) for o in new}
+        given = {override_key(o) for o in new}
         named = [k for k in changes if k in given] or [
             k for k in changes if not k.startswith(("schedule.", "hardware.", "run.", "tracking.", "train.checkpoint."))]
         fields = ", ".join(f"{k} {changes[k][0]} → {changes[k][1]}" for k in named) or "the config"
         leaves = "; ".join(err.differences[:2]) + (f" (+{len(err.differences) - 2} more)" if len(err.differences) > 2 else "")
         fail(f"resume: {fields} changes the train state ({leaves}), so checkpoint {err.where} cannot be "
              f"restored into it; nothing was changed. Start a new run from this one instead: "
-             + shlex.join(["python", "launch.py", f"reproduce={source.run_dir}", *(o for o in new if _key(o) not in IGNORED)]))
+             + shlex.join(["python", "launch.py", f"reproduce={source.run_dir}", *(o for o in new if override_key(o) not in IGNORED)]))
 
 
 def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:

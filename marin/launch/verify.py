@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin.cli import Parser, config_errors, fail
+from marin.config.store import override_key
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
@@ -161,7 +162,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     if not (math.isfinite(rtol) and rtol >= 0):
         raise VerifyError(f"verify_rtol: must be a finite number ≥ 0 (0 = bit for bit); got {rtol}")
     window = parse_window(cfg.verify_steps) if cfg.get("verify_steps") is not None else None
-    new = [o for o in new_overrides if o.split("=", 1)[0].lstrip("+~") != "reproduce"]
+    new = [o for o in new_overrides if override_key(o) != "reproduce"]
     try:
         source = record.open(str(cfg.reproduce), tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
@@ -169,7 +170,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     recorded, where = reference(source)
     first = run_start(source, recorded)
     # The replay is named as one (`<name>-verify`), unless this command line names it
-    named = [] if any(o.split("=", 1)[0] == "run.name" for o in new) else [
+    named = [] if any(override_key(o) == "run.name" for o in new) else [
         f"run.name={replay_name(str(source.composed().run.name), 'verify')}"]
     if window is None:
         return Plan(source, recorded, where, first, None, named)
@@ -326,7 +327,7 @@ def verify(cfg, job_overrides: list[str]) -> None:
 
     apply_environment(resolved.hardware)
     replay = run_local(composed, resolved, overrides)
-    changed = [o for o in job_overrides if o.split("=", 1)[0].lstrip("+~") not in
+    changed = [o for o in job_overrides if override_key(o) not in
                ("reproduce", "verify", "verify_steps", "verify_rtol", "tracking.uri", "run.out_dir")]
     sys.exit(report(chosen.source, chosen.reference, chosen.where, replay, resolved.verify_rtol, changed))
 

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, RunConfig
+from marin.config.store import override_key
 from marin.track import backend, refs, secrets, sweep
 from marin.track.errors import first_line
 
@@ -388,7 +389,7 @@ def display_name(name: str, overrides: list[str]) -> str:
     bookkeeping (where it is stored, its name: `UNHASHED`) are left out; the run directory, with
     its unique suffix, is the `run_dir` tag."""
     def bookkeeping(override: str) -> bool:
-        key = override.split("=", 1)[0].lstrip("+~")
+        key = override_key(override)
         return key.startswith("hydra.") or any(key == u or key.startswith(u + ".") for u in UNHASHED)
 
     changed = sweep.child_name([o for o in overrides if "=" in o and not bookkeeping(o)])

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marin.config.schema import Config, RunConfig
-from marin.config.validate import RUN_NAME_MAX
+from marin.config.store import override_key
+from marin.config.validate import NOT_IN_RUN_NAME, RUN_NAME_MAX
 from marin.track import backend, secrets
 from marin.track.errors import first_line
 
@@ -98,9 +99,6 @@ def check_tracking(cfg: Config, uri: str) -> None:
             f"{uri} ...) and pass tracking.uri=http://<host>:<port> (or set MLFLOW_TRACKING_URI)")
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
 
 def swept_values() -> dict[str, list[str]]:
     """Each swept key and its values: `hydra.sweeper.params` merged with sweeps on the command
@@ -156,7 +154,7 @@ def membership(cfg: Config, overrides: list[str]) -> Membership | None:
     swept = swept_values()
     expected = math.prod(len(v) for v in swept.values()) if swept and any(
         a in ("-m", "--multirun") for a in sys.argv) else None
-    own = [secrets.redact_override(o) for o in overrides if _key(o) in swept]
+    own = [secrets.redact_override(o) for o in overrides if override_key(o) in swept]
     return Membership(name, sid, _sweep_dir(cfg, name, sid), swept, own, expected, backend.experiment_name(cfg),
                       _job_num(_hydra()))
 
@@ -174,10 +172,10 @@ def job_name(name: str, member: Membership | None) -> str:
     if not own:
         return name
     # `,` between overrides would read as a sweep on a command line: `+`, as refs.find_job takes it
-    own = re.sub(r"[^A-Za-z0-9._+=-]", "_", own.replace(",", "+"))
+    own = NOT_IN_RUN_NAME.sub("_", own.replace(",", "+"))
     if name.endswith(f"-{own}"):  # named once
         return name
-    return re.sub(r"[^A-Za-z0-9._+=-]", "_", f"{base}-{own}").lstrip("._+=-")[:RUN_NAME_MAX]
+    return NOT_IN_RUN_NAME.sub("_", f"{base}-{own}").lstrip("._+=-")[:RUN_NAME_MAX]
 
 
 def attach(client, exp_id: str, member: Membership | None, uri: str) -> tuple[dict, str | None]:
@@ -211,7 +209,7 @@ def _short_value(value: str) -> str:
 def child_name(overrides: list[str]) -> str | None:
     """`["optim.lr=0.001", "router=qb"]` → `lr=0.001,router=qb` (the last part of each key);
     None when nothing was swept. Keys that would clash keep their full path."""
-    keys = [_key(o) for o in overrides]
+    keys = [override_key(o) for o in overrides]
     short = [k.rsplit(".", 1)[-1] for k in keys]
     parts = []
     for o, k, s in zip(overrides, keys, short):
