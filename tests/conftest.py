@@ -20,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MARIN_JAX_CACHE", str(ROOT / "outputs" / "cache" / "jax-tests"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["MARIN_JAX_CACHE"])
-# Only compiles over 0.2 s are cached (a train step takes seconds; one eager op ~20 ms). With the
-# size limit below, every write lists and reads every entry under the cache's one file lock (JAX's
-# LRU eviction): the ~2,000 eager ops the suite compiles made each write ~0.1 s of a lock that all
-# workers queue on.
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 

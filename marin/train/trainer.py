@@ -297,13 +297,10 @@ def _import_in_background(module: str) -> None:
 
 def enable_compilation_cache(cfg) -> None:
     """JAX's persistent compilation cache (the one cross-process compile cache): a repeated run
-    skips XLA's compilation, every program of it by default (JAX's own default keeps only those
-    that took over 1 s). JAX's environment variable, where set, wins: the test suite caches only
-    the real compiles, as writing thousands of tiny ones costs more than they save there."""
+    skips XLA's compilation."""
     import jax
 
     path = os.environ.get("MARIN_JAX_CACHE") or str(project_path(cfg.run.out_dir) / "cache" / "jax")
     jax.config.update("jax_compilation_cache_dir", path)
-    min_seconds = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0.0))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
