@@ -164,8 +164,9 @@ def test_the_check_logs_at_registered_points_and_alerts_outside_the_band(tmp_pat
 @pytest.mark.slow
 def test_a_ladder_registers_a_forecast_that_a_larger_run_checks(store, multirun_job, monkeypatch, tmp_path):
     """End to end on real (very short) CPU runs: a 3-rung ladder_cpu sweep, its forecast for
-    ladder_cpu_d160 (at the last rung's shape, to share its compile) registered, and that run logging forecast/* at every 5% of training;
-    the last point's band is narrowed to nothing, so the run must raise an alert there."""
+    ladder_cpu_d160 registered (here at the last rung's shape, to share its compile), and that
+    run logging forecast/* at every 5% of training; the last point's band is narrowed to
+    nothing, so the run must raise an alert there."""
     from marin.train.loop import train
 
     short = ["train.steps=20", "train.seq_len=32", "train.global_batch=4", "train.eval_batches=1",
