@@ -18,7 +18,7 @@ after srun the same script runs this module, outside the step (alive whichever t
   the step, so nobody else would (the run would stay RUNNING). The job ends with srun's status.
 
 Each fault is a line of `<run dir>/restarts.jsonl` (job, the job's fault count, step reached,
-checkpoint step resumed from, cause, minutes of training lost since that checkpoint, time,
+checkpoint step resumed from, cause (srun's status and what a task raised), minutes of training lost since that checkpoint, time,
 whether it restarted); the run's restarts (every job's) are `restarts` in record.json, MLflow
 metrics at the step reached (`restart/count`, `restart/minutes_lost`, `restart/resume_step`) and
 tags (`restarts`, `restart.<n>.cause`). The budget is per Slurm job and apart from preemption's
@@ -41,6 +41,7 @@ from pathlib import Path
 
 from marin.cli import Parser, setup_logging
 from marin.track import record as run_record
+from marin.track import secrets
 from marin.track.errors import first_line
 from marin.train.checkpoint import checkpoint_dir, listed_steps
 from marin.train.ending import resume_command
@@ -65,6 +66,27 @@ def cause(exit_code: int) -> str:
             name = f"signal {exit_code - 128}"
         return f"a task was killed by {name} (exit {exit_code})"
     return f"a task exited with status {exit_code}"
+
+
+def task_error(folder: Path, job: str) -> str | None:
+    """`task <n> raised <Type>: <message>` for the first task of this start that raised (secrets
+    masked), else None. srun's status alone can mislead: once one task exits 1, srun ends the
+    others, and one still starting dies by SIGTERM, which becomes srun's status (143). submitit
+    writes the traceback of a task that raised to its result file (a task killed by a signal or
+    the watchdog's exit writes none); earlier starts' files are set aside as `.fault<n>`."""
+    from submitit.core.utils import pickle_load
+
+    raised = []
+    for path in Path(folder).glob(f"{job}_*_result.pkl"):
+        try:
+            outcome, value = pickle_load(path)
+        except Exception:  # noqa: BLE001 — a file cut short by the kill: srun's status still says it
+            continue
+        if outcome == "error":
+            lines = [line.strip() for line in str(value).splitlines() if line.strip()]
+            task = path.name[len(job) + 1:].split("_")[0]
+            raised.append((path.stat().st_mtime, f"task {task} raised {lines[-1] if lines else 'an error'}"))
+    return secrets.mask(min(raised)[1]) if raised else None
 
 
 def recorded(run_dir: Path) -> list[dict]:
@@ -115,13 +137,15 @@ def newest_checkpoint(run_dir: Path) -> tuple[int | None, float | None]:
     return steps[-1], max([p.stat().st_mtime for p in step_dir.iterdir()] + [step_dir.stat().st_mtime])
 
 
-def fault_record(run_dir: Path, job_id: str, exit_code: int, started: float | None, now: float) -> dict:
-    """What is known of this fault: the step reached, the checkpoint resumed from and the
-    training lost since it (since the job started when there is none)."""
+def fault_record(run_dir: Path, job_id: str, exit_code: int, started: float | None, now: float,
+                 error: str | None = None) -> dict:
+    """What is known of this fault: its cause (srun's status, and `error`: what a task raised),
+    the step reached, the checkpoint resumed from and the training lost since it (since the job
+    started when there is none)."""
     resume_step, written = newest_checkpoint(run_dir)
     since = written if written is not None and (started is None or written >= started) else started
     return {"job": str(job_id), "count": len(faults(run_dir, job_id)) + 1, "step": step_reached(run_dir),
-            "resume_step": resume_step or 0, "cause": cause(exit_code), "exit_code": exit_code,
+            "resume_step": resume_step or 0, "cause": "; ".join(filter(None, [cause(exit_code), error])), "exit_code": exit_code,
             "minutes_lost": round(max(0.0, now - since) / 60, 3) if since is not None else None,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))}
 
@@ -158,12 +182,12 @@ def to_mlflow(rec, fault: dict, total: int, spent: bool) -> None:
 
 
 def handle(run_dir: Path, exit_code: int, max_restarts: int, job_id: str, started: float | None = None,
-           requeue=None) -> str:
+           requeue=None, error: str | None = None) -> str:
     """After srun: 'done' (it succeeded), 'requeued' or 'failed' (the budget is spent)."""
     if exit_code == 0:
         return "done"
     rec = run_record.open(run_dir)
-    fault = fault_record(run_dir, job_id, exit_code, started, time.time())
+    fault = fault_record(run_dir, job_id, exit_code, started, time.time(), error)
     spent = fault["count"] > max_restarts
     fault["restarted"] = not spent
     remember(run_dir, fault)
@@ -209,7 +233,9 @@ def submission(folder: Path) -> tuple[Path, int]:
     from submitit.core.utils import DelayedSubmission, JobPaths
 
     task = DelayedSubmission.load(JobPaths(folder, job_id=submitit_job_id()).submitted_pickle).function  # a TrainJob
-    hardware = OmegaConf.create(task.composed_yaml).get("hardware") or {}
+    composed = OmegaConf.create(task.composed_yaml)
+    secrets.scan(OmegaConf.to_container(composed))  # its secret values are masked in the fault's cause
+    hardware = composed.get("hardware") or {}
     return Path(task.fields["run_dir"]), int(hardware.get("max_restarts") or 0)
 
 
@@ -231,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             set_aside_results(args.folder, submitit_job_id(), count)
             _requeue(job)
 
-        handle(run_dir, args.exit_code, max_restarts, job_id, args.started, requeue)
+        handle(run_dir, args.exit_code, max_restarts, job_id, args.started, requeue,
+               task_error(args.folder, submitit_job_id()))
     except Exception as err:  # noqa: BLE001 — the job still ends with srun's status
         log.error("restart policy failed (%s); the job ends with status %d", first_line(err), args.exit_code)
     return args.exit_code

@@ -52,8 +52,14 @@ def _kill_one_task() -> None:
 
 def fail_once(cfg, rec):
     """Every task raises in the job's first start (each leaves an error result for submitit);
-    after the restart every process probes."""
+    after the restart every process probes. The tasks raise together (a file barrier): once one
+    has exited, srun ends the others, and one still starting would die by SIGTERM, leaving none."""
+    import time
+
     if int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0:
+        (rec.run_dir / f"fail_once-{os.environ['SLURM_PROCID']}").touch()
+        while len(list(rec.run_dir.glob("fail_once-*"))) < int(os.environ["SLURM_NTASKS"]):
+            time.sleep(0.1)
         raise RuntimeError(f"deliberate failure in the first start of {rec.run_id}")
     return probe(cfg, rec)
 

@@ -5,6 +5,7 @@ losses of an unfaulted one: tests/launch/test_slurm.py.)"""
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,27 @@ def test_cause_names_the_watchdog_a_signal_or_a_status():
     assert "hang watchdog" in restarts.cause(124)
     assert restarts.cause(137) == "a task was killed by SIGKILL (exit 137)"
     assert restarts.cause(1) == "a task exited with status 1"
+
+
+def test_the_cause_names_the_error_a_task_of_this_start_raised_masked(tmp_path, monkeypatch):
+    """srun's status alone misleads: a task that raised (status 1) makes srun end the others, and
+    one still starting dies by SIGTERM (143), srun's status. submitit's result file of the task
+    that raised names the error; the last start's files (set aside as .faultN) do not count."""
+    from submitit.core.utils import cloudpickle_dump
+
+    from marin.track import secrets
+
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: {}\n"
+    cloudpickle_dump(("error", trace.format("store s3cr3t-v4lue unreachable")), tmp_path / "9_1_result.pkl")
+    cloudpickle_dump(("success", None), tmp_path / "9_0_result.pkl")
+    cloudpickle_dump(("error", trace.format("an older start")), tmp_path / "9_0_result.pkl.fault1")
+    cloudpickle_dump(("error", trace.format("another job")), tmp_path / "8_0_result.pkl")
+    monkeypatch.setattr(secrets, "_known", {"s3cr3t-v4lue"})
+    assert restarts.task_error(tmp_path, "9") == "task 1 raised RuntimeError: store <redacted> unreachable"
+    assert restarts.task_error(tmp_path, "7") is None
+    fault = restarts.fault_record(tmp_path, "9", 143, None, time.time(), restarts.task_error(tmp_path, "9"))
+    assert fault["cause"] == ("a task was killed by SIGTERM (exit 143); "
+                              "task 1 raised RuntimeError: store <redacted> unreachable")
 
 
 def test_a_fault_records_the_step_reached_the_checkpoint_and_the_training_lost(tmp_path):
@@ -105,12 +127,14 @@ def test_failed_tasks_restart_the_job_which_completes_and_wait_follows_it(tmp_pa
     assert "Restarts=1" in show, show
     [fault] = [json.loads(line) for line in (run_dir / restarts.RESTARTS).read_text().splitlines()]
     assert (fault["job"], fault["count"], fault["restarted"]) == (job_id, 1, True)
-    assert fault["cause"] == "a task exited with status 1"
+    run_id = field(done.stdout, "mlflow run")
+    said = rf"a task exited with status 1; task [01] raised RuntimeError: deliberate failure in the first start of {run_id}"
+    assert re.fullmatch(said, fault["cause"]), fault
     assert sorted(p.name for p in (run_dir / "slurm").glob("*_result.pkl*")) == [
         f"{job_id}_0_result.pkl", f"{job_id}_0_result.pkl.fault1", f"{job_id}_1_result.pkl", f"{job_id}_1_result.pkl.fault1"]
     assert json.loads((run_dir / "record.json").read_text())["restarts"] == 1
-    run = MlflowClient(tracking_uri).get_run(field(done.stdout, "mlflow run"))
-    assert run.data.tags["restarts"] == "1" and run.data.tags["restart.1.cause"] == "a task exited with status 1"
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    assert run.data.tags["restarts"] == "1" and run.data.tags["restart.1.cause"] == fault["cause"]
     assert run.data.metrics["restart/count"] == 1
     status = subprocess.run([sys.executable, "-m", "marin.status", str(run_dir)], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[2])
