@@ -43,15 +43,14 @@ def test_program_does_not_embed_optimizer_numbers():
 
 
 @pytest.mark.slow
-def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog, monkeypatch):
+def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog):
     """Three runs of a learning-rate sweep in one process, through the loop: one compile of the
     train step, and the points still train differently (the in-process memo of
-    marin.train.step.jit_steps). A fresh persistent compilation cache: with the suite's shared
-    one, a cache hit logs no compile at all."""
+    marin.train.step.jit_steps). JAX logs "Compiling" when it lowers a function, before it looks
+    in the persistent cache: the suite's shared cache serves the program and hides nothing."""
     from marin.train.loop import train
     from tests.train.test_loop import start
 
-    monkeypatch.setenv("MARIN_JAX_CACHE", str(tmp_path / "jax-cache"))
     losses = []
     with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
         for i, lr in enumerate(("1e-3", "3e-3", "1e-2")):
