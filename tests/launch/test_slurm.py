@@ -31,7 +31,7 @@ def env_with(extra: dict | None = None) -> dict:
     return env
 
 
-def launch(*args: str, extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def launch(*args: str, extra_env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env_with(extra_env))
 
@@ -48,7 +48,7 @@ def sacct_state(job_id: str) -> str:
     return lines[-1] if lines else "UNKNOWN"
 
 
-def wait_for_job(job_id: str, timeout: float = 420) -> str:
+def wait_for_job(job_id: str, timeout: float = 800) -> str:
     end = time.time() + timeout
     while time.time() < end:
         state = sacct_state(job_id)
@@ -121,7 +121,7 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
 
 
-def wait_for_checkpoint(job_id: str, run_dir: Path, timeout: float = 400) -> None:
+def wait_for_checkpoint(job_id: str, run_dir: Path, timeout: float = 600) -> None:
     end = time.time() + timeout
     while not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
         assert time.time() < end, f"no checkpoint from job {job_id} ({sacct_state(job_id)})"
@@ -170,7 +170,7 @@ def two_runs(tmp_path_factory, tracking_uri):
         job_id, run_dir, _ = jobs["killed"]
         wait_for_checkpoint(job_id, run_dir)
         kill_task(job_id, 1)
-        stdout, stderr = straight.communicate(timeout=420)
+        stdout, stderr = straight.communicate(timeout=800)
     finally:
         if straight.poll() is None:
             straight.kill()

@@ -139,7 +139,7 @@ def finish(proc: subprocess.Popen, timeout: float, head: str = "") -> subprocess
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def checkpoint_once_running(proc: subprocess.Popen, tasks: int, seen: list[str], timeout: float = 300) -> str:
+def checkpoint_once_running(proc: subprocess.Popen, tasks: int, seen: list[str], timeout: float = 600) -> str:
     """Read the submission's stdout (into `seen`) up to its run directory, wait until every task
     has announced itself (its handlers are installed), then `marin.ctl checkpoint`; its stdout.
     (What the reader buffered past that line is lost to `communicate`: read ids from the run directory.)"""
@@ -176,10 +176,10 @@ def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfa
     try:
         asked = checkpoint_once_running(proc, tasks=2, seen=seen)
     finally:
-        done = finish(proc, timeout=400, head="".join(seen))
+        done = finish(proc, timeout=600, head="".join(seen))
     assert done.returncode == 0 and "(scancel --signal=USR1)" in asked, f"{asked}{done.stdout}{done.stderr[-3000:]}"
     out = {"straight": done.stdout}
-    done = finish(submit([*common, "run.name=hung", "debug.hang_at_step=7", "debug.hang_process=1"], env), timeout=400)
+    done = finish(submit([*common, "run.name=hung", "debug.hang_at_step=7", "debug.hang_process=1"], env), timeout=600)
     out["hung"] = done.stdout
     run_dirs = {name: Path(re.search(r"run directory: (\S+)", text).group(1)) for name, text in out.items()}
     faults = (run_dirs["hung"] / "restarts.jsonl").read_text() if (run_dirs["hung"] / "restarts.jsonl").is_file() else ""
