@@ -18,13 +18,13 @@ after srun the same script runs this module, outside the step (alive whichever t
   the step, so nobody else would (the run would stay RUNNING). The job ends with srun's status.
 
 Each fault is a line of `<run dir>/restarts.jsonl` (job, the job's fault count, step reached,
-checkpoint step resumed from, cause (srun's status and what a task raised), minutes of training lost since that checkpoint, time,
-whether it restarted); the run's restarts (every job's) are `restarts` in record.json, MLflow
-metrics at the step reached (`restart/count`, `restart/minutes_lost`, `restart/resume_step`) and
-tags (`restarts`, `restart.<n>.cause`). The budget is per Slurm job and apart from preemption's
-(SIGTERM/USR2, `hardware.max_requeues`): each task learns its job's fault restarts
-(MARIN_FAULT_RESTARTS, set by marin.launch.slurm.job_main), which marin.train.preempt subtracts
-from SLURM_RESTART_COUNT.
+checkpoint step resumed from, cause (what a task raised, and srun's status), minutes of training
+lost since that checkpoint, time, whether it restarted); the run's restarts (every job's) are
+`restarts` in record.json, MLflow metrics at the step reached (`restart/count`,
+`restart/minutes_lost`, `restart/resume_step`) and tags (`restarts`, `restart.<n>.cause`). The
+budget is per Slurm job and apart from preemption's (SIGTERM/USR2, `hardware.max_requeues`): each
+task learns its job's fault restarts (MARIN_FAULT_RESTARTS, set by marin.launch.slurm.job_main),
+which marin.train.preempt subtracts from SLURM_RESTART_COUNT.
 
 No JAX is imported here: the run record, submitit's pickle and MLflow.
 """
@@ -71,9 +71,10 @@ def cause(exit_code: int) -> str:
 def task_error(folder: Path, job: str) -> str | None:
     """`task <n> raised <Type>: <message>` for the first task of this start that raised (secrets
     masked), else None. srun's status alone can mislead: once one task exits 1, srun ends the
-    others, and one still starting dies by SIGTERM, which becomes srun's status (143). submitit
-    writes the traceback of a task that raised to its result file (a task killed by a signal or
-    the watchdog's exit writes none); earlier starts' files are set aside as `.fault<n>`."""
+    others, and one still starting (or exiting) dies by SIGTERM, which becomes srun's status
+    (143). submitit writes the traceback of a task that raised to its result file (a task killed
+    by a signal or the watchdog's exit writes none); earlier starts' files are set aside as
+    `.fault<n>`."""
     from submitit.core.utils import pickle_load
 
     raised = []
@@ -139,13 +140,13 @@ def newest_checkpoint(run_dir: Path) -> tuple[int | None, float | None]:
 
 def fault_record(run_dir: Path, job_id: str, exit_code: int, started: float | None, now: float,
                  error: str | None = None) -> dict:
-    """What is known of this fault: its cause (srun's status, and `error`: what a task raised),
+    """What is known of this fault: its cause (`error`, what a task raised, then srun's status),
     the step reached, the checkpoint resumed from and the training lost since it (since the job
     started when there is none)."""
     resume_step, written = newest_checkpoint(run_dir)
     since = written if written is not None and (started is None or written >= started) else started
     return {"job": str(job_id), "count": len(faults(run_dir, job_id)) + 1, "step": step_reached(run_dir),
-            "resume_step": resume_step or 0, "cause": "; ".join(filter(None, [cause(exit_code), error])), "exit_code": exit_code,
+            "resume_step": resume_step or 0, "cause": "; ".join(filter(None, [error, cause(exit_code)])), "exit_code": exit_code,
             "minutes_lost": round(max(0.0, now - since) / 60, 3) if since is not None else None,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))}
 
