@@ -145,8 +145,9 @@ def fault_record(run_dir: Path, job_id: str, exit_code: int, started: float | No
     started when there is none)."""
     resume_step, written = newest_checkpoint(run_dir)
     since = written if written is not None and (started is None or written >= started) else started
+    why = f"{error}; {cause(exit_code)}" if error else cause(exit_code)
     return {"job": str(job_id), "count": len(faults(run_dir, job_id)) + 1, "step": step_reached(run_dir),
-            "resume_step": resume_step or 0, "cause": "; ".join(filter(None, [error, cause(exit_code)])), "exit_code": exit_code,
+            "resume_step": resume_step or 0, "cause": why, "exit_code": exit_code,
             "minutes_lost": round(max(0.0, now - since) / 60, 3) if since is not None else None,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))}
 
@@ -251,15 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         run_dir, max_restarts = submission(args.folder)
-        job_id = os.environ["SLURM_JOB_ID"]
+        job_id, files = os.environ["SLURM_JOB_ID"], submitit_job_id()   # an array element's files: <array>_<index>
         count = len(faults(run_dir, job_id)) + 1
 
         def requeue(job: str) -> None:
-            set_aside_results(args.folder, submitit_job_id(), count)
+            set_aside_results(args.folder, files, count)
             _requeue(job)
 
-        handle(run_dir, args.exit_code, max_restarts, job_id, args.started, requeue,
-               task_error(args.folder, submitit_job_id()))
+        handle(run_dir, args.exit_code, max_restarts, job_id, args.started, requeue, task_error(args.folder, files))
     except Exception as err:  # noqa: BLE001 — the job still ends with srun's status
         log.error("restart policy failed (%s); the job ends with status %d", first_line(err), args.exit_code)
     return args.exit_code
