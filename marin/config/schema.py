@@ -201,7 +201,8 @@ class HardwareConfig:
         0, "requeues of a Slurm job after a task dies (non-zero exit, kill -9, the hang watchdog), each resuming "
         "from the newest checkpoint; then the run ends FAILED (the hero: 1,000)", range=count(0))
     signal_delay_s: int = setting(120, "Slurm sends USR2 this long before the time limit (checkpoint time)", range=count(0))
-    init_timeout_s: int = setting(300, "jax.distributed.initialize waits this long for every process", range=count(1))
+    init_timeout_s: int = setting(300, "jax.distributed.initialize, and every process's wait for the others before the "
+                                   "first collective (marin.train.barrier), waits this long", range=count(1))
     env: Dict[str, str] = setting(help="exported to every process of the job", factory=dict)
     xla_flags: str = setting("", "XLA_FLAGS of every process (forced host devices are added)")
     setup: List[str] = setting(help="shell lines run before the job (module load, ...)", factory=list)

@@ -140,12 +140,17 @@ def newest_checkpoint(run_dir: Path) -> tuple[int | None, float | None]:
 
 def fault_record(run_dir: Path, job_id: str, exit_code: int, started: float | None, now: float,
                  error: str | None = None) -> dict:
-    """What is known of this fault: its cause (`error`, what a task raised, then srun's status),
-    the step reached, the checkpoint resumed from and the training lost since it (since the job
-    started when there is none)."""
+    """What is known of this fault: its cause (`error`, what a task raised, then srun's status;
+    the watchdog first), the step reached, the checkpoint resumed from and the training lost since
+    it (since the job started when there is none)."""
     resume_step, written = newest_checkpoint(run_dir)
     since = written if written is not None and (started is None or written >= started) else started
-    why = f"{error}; {cause(exit_code)}" if error else cause(exit_code)
+    if not error:
+        why = cause(exit_code)
+    elif exit_code == WATCHDOG_EXIT:  # a task's error then came of its peers' exit (a collective lost them)
+        why = f"{cause(exit_code)}; then {error}"
+    else:
+        why = f"{error}; {cause(exit_code)}"
     return {"job": str(job_id), "count": len(faults(run_dir, job_id)) + 1, "step": step_reached(run_dir),
             "resume_step": resume_step or 0, "cause": why, "exit_code": exit_code,
             "minutes_lost": round(max(0.0, now - since) / 60, 3) if since is not None else None,

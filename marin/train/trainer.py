@@ -31,6 +31,7 @@ from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
 from marin.track.tracker import SYSTEM_METRICS_S, Tracker
 from marin.train import init_from, preempt
+from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
 from marin.train.ending import Ending, summary_line
@@ -142,6 +143,7 @@ class Trainer:
 
     def _loop(self, state):
         batch = self.to_global(self.loader.batch(self.start))
+        self._compile(state, batch)
         for step in range(self.start, self.stop):
             n = step + 1
             hang_if_asked(self.cfg, n, self.rec.run_dir)  # debug.hang_at_step: the watchdog's test
@@ -165,6 +167,17 @@ class Trainer:
             if signum:
                 self._stop(signum, n)
         return state
+
+    def _compile(self, state, batch) -> None:
+        """A job of several processes compiles both steps here (their calls reuse these
+        executables), then every process waits for the others (marin.train.barrier): one whose
+        compile lagged must not leave the first step's collectives waiting past gloo's 30 s."""
+        import jax
+
+        if jax.process_count() > 1:
+            self.train_step.lower(state, batch, self.hp).compile()
+            self.evaluator.eval_step.lower(state, batch).compile()  # eval batches: the same shapes
+            meet("compiled", self.cfg.hardware.init_timeout_s)
 
     def _stop(self, signum: int, n: int) -> None:
         with self.watchdog.slow():
@@ -208,6 +221,7 @@ class Trainer:
         self.batch_spec = batch_sharding(mesh)
         self.ckpt = Checkpointer(rec.run_dir, cfg)
         initialised_from = None
+        meet("set-up", cfg.hardware.init_timeout_s)  # a restore's first act is a collective (its verdict)
         # A requeued or resumed run: NoCheckpointError if every checkpoint is damaged, None if none was sealed
         restored = self.ckpt.restore(state) if self.ckpt.latest_step() is not None or self.ckpt.set_aside() else None
         if restored is not None:
@@ -227,7 +241,7 @@ class Trainer:
         if self.on_restored is not None:
             self.on_restored(int(state.step))
 
-        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled at their first call
+        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled before the first step
         if initialised_from is not None:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants

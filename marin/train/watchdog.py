@@ -5,7 +5,7 @@ signal is acted on, until Slurm's time limit. So each process has a thread that 
 since the last completed step; past the limit it writes every thread's Python stack (faulthandler)
 to its log (stderr: the terminal, or the task's Slurm log; process 0's also to run.log) and ends
 the process with `preempt.WATCHDOG_EXIT` (124, as the published run's watchdog) `EXIT_GRACE_S`
-later, when the other processes of the job have dumped theirs too. Nothing is
+later, when the other processes of the job have dumped theirs too (process 0 last). Nothing is
 cleaned up on the way out: the main thread is stuck, so the thread exits with `os._exit`; the
 newest checkpoint is untouched, and a local run's tracking process ends its MLflow run FAILED.
 Under Slurm the exit is a task fault: the restart policy (hardware.max_restarts) resumes the job
@@ -117,7 +117,10 @@ class Watchdog:
                 log.write(line)
                 log.flush()
                 faulthandler.dump_traceback(file=log, all_threads=True)
-        time.sleep(self.grace_s)  # the other processes' watchdogs dump theirs meanwhile
+        # The other processes' watchdogs dump theirs meanwhile. Process 0 hosts jax.distributed's
+        # coordination service, so it goes a grace later: were it first, the others would abort on
+        # the lost service (SIGABRT, 134) before their own exit, and the fault would read as a crash.
+        time.sleep(self.grace_s * (2 if self.process_index == 0 else 1))
         self._exit(WATCHDOG_EXIT)
 
 

@@ -64,6 +64,22 @@ def fail_once(cfg, rec):
     return probe(cfg, rec)
 
 
+def late_start(cfg, rec):
+    """The real training, task 1 starting it LATE_START_S after task 0: a process whose data
+    preparation or compile lags the others' by more than gloo's fixed 30 s rendezvous, as on a
+    loaded host. Task 0 must wait for it, not fail its first collective."""
+    import time
+
+    from marin.train.loop import train
+
+    if int(os.environ["SLURM_PROCID"]) == 1:
+        time.sleep(LATE_START_S)
+    return train(cfg, rec)
+
+
+LATE_START_S = 40
+
+
 def die(cfg, rec):
     """A task dies in every start of the job."""
     _kill_one_task()

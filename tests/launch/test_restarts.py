@@ -45,6 +45,9 @@ def test_the_cause_names_the_error_a_task_of_this_start_raised_masked(tmp_path, 
     fault = restarts.fault_record(tmp_path, "9", 143, None, time.time(), restarts.task_error(tmp_path, "9"))
     assert fault["cause"] == ("task 1 raised RuntimeError: store <redacted> unreachable; "
                               "a task was killed by SIGTERM (exit 143)")
+    # srun's 124 is the watchdog's: what a task raised then came of its peers' exit (a collective lost them)
+    fault = restarts.fault_record(tmp_path, "9", 124, None, time.time(), "task 0 raised JaxRuntimeError: Gloo all-reduce failed")
+    assert fault["cause"] == "the hang watchdog ended a task (exit 124); then task 0 raised JaxRuntimeError: Gloo all-reduce failed"
 
 
 def test_a_fault_records_the_step_reached_the_checkpoint_and_the_training_lost(tmp_path):

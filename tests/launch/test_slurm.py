@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
+LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
 STEPS = 32
 TRAIN = ["hardware=slurm_cpu", "model=tiny", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
@@ -143,15 +144,15 @@ def kill_task(job_id: str, task: int) -> int:
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, tracking_uri):
-    """The same training, once straight through (`wait=true`, from the command line), once
-    preempted after its first checkpoint, and once with its task 1 killed (SIGKILL) after its
-    first checkpoint; all three run on the cluster at the same time."""
+    """The same training, once straight through (`wait=true`, from the command line, its task 1
+    starting 40 s late: task 0 waits for it past gloo's 30 s rendezvous), once preempted after
+    its first checkpoint, and once with its task 1 killed (SIGKILL) after its first checkpoint;
+    all three run on the cluster at the same time."""
     from marin.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("slurm-train")
     common = [*TRAIN, f"run.out_dir={out}", f"tracking.uri={tracking_uri}"]
-    # Tokenized here, once: a job's process that tokenizes while the other waits at the first
-    # collective can outlast gloo's fixed 30 s rendezvous on a loaded machine.
+    # Tokenized here, once, not by each job.
     prepare(make_config(*TRAIN, f"run.out_dir={out}"), progress=False)
     jobs = {}
     # the preempted one: no restart can hide a failure; the killed one: room for a fault of a loaded machine too
@@ -160,7 +161,7 @@ def two_runs(tmp_path_factory, tracking_uri):
         assert done.returncode == 0, done.stdout + done.stderr
         jobs[name] = (field(done.stdout, "slurm job"), Path(field(done.stdout, "run directory")), done.stdout)
     straight = subprocess.Popen([sys.executable, "launch.py", *common, "run.name=straight", "wait=true"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with())
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(LATE))
     try:
         job_id, run_dir, _ = jobs["preempted"]
         wait_for_checkpoint(job_id, run_dir)

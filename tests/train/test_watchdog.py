@@ -61,6 +61,24 @@ def test_fires_only_when_steps_stop_not_during_the_first_step_or_slow_work(capfd
     assert "test_fires_only_when_steps_stop" in err  # every thread's stack, this one's included
 
 
+def test_process_0_exits_last_so_the_others_outlive_the_coordination_service_it_hosts():
+    """Were process 0 to exit first, the others would abort on the lost jax.distributed service
+    (SIGABRT, exit 134) before their own exit, and the job's fault would read as a crash."""
+    exited = {}
+    dogs = [watchdog.Watchdog(0.5, process_index=i, exit=lambda code, i=i: exited.setdefault(i, time.monotonic()),
+                              grace_s=0.5) for i in (0, 1)]
+    try:
+        for dog in dogs:
+            dog.beat(1)  # past the first step: the 0.5 s limit holds
+        end = time.monotonic() + 20
+        while len(exited) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+    finally:
+        for dog in dogs:
+            dog.stop()
+    assert exited[0] - exited[1] >= 0.25, exited  # both fire within 0.05 s; process 0 waits a grace longer
+
+
 def test_off_without_a_limit():
     dog = watchdog.Watchdog(None)
     assert dog._thread is None
@@ -160,9 +178,8 @@ def checkpoint_once_running(proc: subprocess.Popen, tasks: int, seen: list[str],
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfaulted_runs(tmp_path):
-    """Two 2-task jobs, one after the other (side by side, 4 processes on 2 cores can miss gloo's
-    30 s rendezvous): one straight, one where task 1 hangs before step 7 (task 0 then waits in the
-    step's collectives). Both tasks' watchdogs fire (limit 20 s: CI's 2 loaded cores have run
+    """Two 2-task jobs side by side: one straight, one where task 1 hangs before step 7 (task 0
+    then waits in the step's collectives). Both tasks' watchdogs fire (limit 20 s: CI's 2 loaded cores have run
     these steps at 2.3 s each, and a 6 s limit once fired on a step that was only slow), the job
     restarts from the checkpoint at step 4 and finishes with exactly the straight job's losses. The straight job
     also takes a forced checkpoint (`marin.ctl checkpoint` → scancel --signal=USR1) at its first
@@ -173,19 +190,21 @@ def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfa
     env = {k: v for k, v in os.environ.items() if k != "MARIN_SLURM_ENTRY"}
     common = [*SLURM_TRAIN, f"train.watchdog_minutes={limit_s / 60}", f"run.out_dir={tmp_path}", f"tracking.uri={uri}"]
     proc, seen = submit([*common, "run.name=straight"], env), []
+    hung = submit([*common, "run.name=hung", "debug.hang_at_step=7", "debug.hang_process=1"], env)
     try:
         asked = checkpoint_once_running(proc, tasks=2, seen=seen)
     finally:
         done = finish(proc, timeout=600, head="".join(seen))
+        hung_done = finish(hung, timeout=600)
     assert done.returncode == 0 and "(scancel --signal=USR1)" in asked, f"{asked}{done.stdout}{done.stderr[-3000:]}"
-    out = {"straight": done.stdout}
-    done = finish(submit([*common, "run.name=hung", "debug.hang_at_step=7", "debug.hang_process=1"], env), timeout=600)
-    out["hung"] = done.stdout
+    out = {"straight": done.stdout, "hung": hung_done.stdout}
+    done = hung_done
     run_dirs = {name: Path(re.search(r"run directory: (\S+)", text).group(1)) for name, text in out.items()}
     faults = (run_dirs["hung"] / "restarts.jsonl").read_text() if (run_dirs["hung"] / "restarts.jsonl").is_file() else ""
     assert done.returncode == 0, f"hung: {faults}{done.stdout}{done.stderr[-3000:]}"
     [fault] = [json.loads(line) for line in faults.splitlines()]   # the injected hang, and nothing else
     assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == 4, faults
+    assert fault["cause"].startswith("the hang watchdog ended a task"), faults
     run_ids = {name: json.loads((run_dir / "record.json").read_text())["run_id"] for name, run_dir in run_dirs.items()}
 
     task0 = "".join(p.read_text() for p in (run_dirs["straight"] / "slurm").glob("*_0_log.err"))
