@@ -143,7 +143,7 @@ class Trainer:
 
     def _loop(self, state):
         batch = self.to_global(self.loader.batch(self.start))
-        self._compile(state, batch)
+        self._compile_together(state, batch)
         for step in range(self.start, self.stop):
             n = step + 1
             hang_if_asked(self.cfg, n, self.rec.run_dir)  # debug.hang_at_step: the watchdog's test
@@ -168,7 +168,7 @@ class Trainer:
                 self._stop(signum, n)
         return state
 
-    def _compile(self, state, batch) -> None:
+    def _compile_together(self, state, batch) -> None:
         """A job of several processes compiles both steps here (their calls reuse these
         executables), then every process waits for the others (marin.train.barrier): one whose
         compile lagged must not leave the first step's collectives waiting past gloo's 30 s."""
@@ -241,7 +241,7 @@ class Trainer:
         if self.on_restored is not None:
             self.on_restored(int(state.step))
 
-        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled before the first step
+        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled at their first call (or _compile_together)
         if initialised_from is not None:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants

@@ -41,6 +41,12 @@ HANG_MARKER = "debug_hang.json"   # <run dir>/: the injected hang happened (a re
 # would kill the others (--kill-on-bad-exit), or their collective would fail (gloo sees the peer
 # gone), before they wrote their own stacks.
 EXIT_GRACE_S = 5.0
+# Process 0 hosts jax.distributed's coordination service; were it to exit first, the others would
+# abort on the lost service (SIGABRT, 134) before their own exit, and the fault would read as a
+# crash. So it exits this much later than they do: after them (the watchdogs fire within a poll
+# interval, 1 s, of each other), and well before srun's SIGKILL (KillWait after the first exit:
+# 30 s by default, 5 s on the test cluster).
+COORDINATOR_LAST_S = 1.5
 
 
 class Watchdog:
@@ -117,10 +123,7 @@ class Watchdog:
                 log.write(line)
                 log.flush()
                 faulthandler.dump_traceback(file=log, all_threads=True)
-        # The other processes' watchdogs dump theirs meanwhile. Process 0 hosts jax.distributed's
-        # coordination service, so it goes a grace later: were it first, the others would abort on
-        # the lost service (SIGABRT, 134) before their own exit, and the fault would read as a crash.
-        time.sleep(self.grace_s * (2 if self.process_index == 0 else 1))
+        time.sleep(self.grace_s + (COORDINATOR_LAST_S if self.process_index == 0 else 0))
         self._exit(WATCHDOG_EXIT)
 
 

@@ -76,7 +76,8 @@ def test_process_0_exits_last_so_the_others_outlive_the_coordination_service_it_
     finally:
         for dog in dogs:
             dog.stop()
-    assert exited[0] - exited[1] >= 0.25, exited  # both fire within 0.05 s; process 0 waits a grace longer
+    # both fire within 0.05 s; process 0 exits after the other, well inside srun's KillWait (5 s here)
+    assert 1.0 <= exited[0] - exited[1] <= 3.0, exited
 
 
 def test_off_without_a_limit():
