@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import TEST_XLA_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MARIN_JAX_CACHE", str(ROOT / "outputs" / "cache" / "jax-tests"))
@@ -23,6 +25,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["MARIN_JAX_CACHE"]
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):   # see TEST_XLA_FLAGS
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 
 def _lock_the_compilation_cache() -> None:

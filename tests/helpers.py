@@ -1,8 +1,17 @@
 """Test helpers: compose a config exactly as launch.py does (Hydra's compose API)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from marin.config.store import compose
 from marin.launch.checks import load
+
+ROOT = Path(__file__).resolve().parents[1]
+# The suite's own XLA flag (tests/conftest.py puts it in XLA_FLAGS; marin passes the environment's
+# XLA_FLAGS on to every process of a run): LLVM at -O0 halves a tiny train step's compile, which is
+# most of the suite's CPU, and slows its few steps about 2x.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def compose_dict(*overrides: str):
@@ -27,3 +36,10 @@ def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
     (run_dir / "composed.yaml").write_text(f"run: {{name: {name}}}\n")
     (run_dir / "resolved.yaml").write_text(resolved_yaml)
     return run_id
+
+
+def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
+    """The environment of a `python -m tests.…` child that forces `devices` host devices."""
+    flags = TEST_XLA_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices > 1 else "")
+    return dict(os.environ, XLA_FLAGS=flags, PJRT_NPROC=str(max(16, 2 * devices)), JAX_PLATFORMS="cpu",
+                PYTHONPATH=str(ROOT), **extra)

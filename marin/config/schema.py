@@ -204,7 +204,7 @@ class HardwareConfig:
     init_timeout_s: int = setting(300, "jax.distributed.initialize, and every process's wait for the others before the "
                                    "first collective (marin.train.barrier), waits this long", range=count(1))
     env: Dict[str, str] = setting(help="exported to every process of the job", factory=dict)
-    xla_flags: str = setting("", "XLA_FLAGS of every process (forced host devices are added)")
+    xla_flags: str = setting("", "XLA_FLAGS of every process (with the forced host devices, and the environment's own XLA_FLAGS that this does not set)")
     setup: List[str] = setting(help="shell lines run before the job (module load, ...)", factory=list)
     peak_flops_per_device: float = setting(0.0, "for MFU; 0 = measure nothing, report no MFU", range=NON_NEGATIVE)
     memory_per_device_gib: Optional[float] = setting(None, "accelerator memory per device; None = unknown", range=POSITIVE)

@@ -16,12 +16,26 @@ log = logging.getLogger("marin.distributed")
 FORCED_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
 
+# The XLA_FLAGS the first marin process of a run started with, passed on to the processes it
+# starts (launch.py jobs, Slurm tasks), which then read this rather than the XLA_FLAGS it exported:
+# so one hardware's flags never leak into another's.
+INHERITED_FLAGS = "MARIN_INHERITED_XLA_FLAGS"
+
+
+def _flag_name(flag: str) -> str:
+    return flag.split("=", 1)[0]
+
+
 def xla_flags(hw) -> str:
-    """The XLA_FLAGS a process of this hardware runs with (forced host devices on CPU)."""
+    """The XLA_FLAGS a process of this hardware runs with: `hardware.xla_flags`, the forced host
+    device count on CPU, then the environment's own XLA_FLAGS (a user's `--xla_dump_to`, the test
+    suite's faster compile) except those the hardware sets."""
     flags = [f for f in hw.xla_flags.split() if not f.startswith(FORCED_DEVICES_FLAG)]
     if hw.platform == "cpu" and hw.host_devices > 1:
         flags.append(f"{FORCED_DEVICES_FLAG}={hw.host_devices}")
-    return " ".join(flags)
+    inherited = os.environ.get(INHERITED_FLAGS, os.environ.get("XLA_FLAGS", "")).split()
+    set_here = {_flag_name(f) for f in flags} | {FORCED_DEVICES_FLAG}
+    return " ".join(flags + [f for f in inherited if _flag_name(f) not in set_here])
 
 
 def process_environment(hw) -> dict[str, str]:
@@ -40,6 +54,7 @@ def process_environment(hw) -> dict[str, str]:
 
 def apply_environment(hw) -> None:
     """Set this process's variables for `hw`; warn if JAX's backend already started without them."""
+    os.environ.setdefault(INHERITED_FLAGS, os.environ.get("XLA_FLAGS", ""))
     changes = {k: v for k, v in process_environment(hw).items() if os.environ.get(k) != v}
     os.environ.update(changes)
     started = False

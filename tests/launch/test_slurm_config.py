@@ -1,6 +1,7 @@
 """The hardware group and the Slurm request, without a cluster: what each hardware asks for,
 the environment its processes get, mesh checks, and the bad inputs that must stop a launch
 before anything is created or submitted."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,8 @@ def test_gpu_request_is_one_task_per_gpu_and_every_field_reaches_sbatch():
     for flag in ("--gpus-per-node=8", "--ntasks-per-node=8", "--partition=gpu", "--account=lm", "--qos=high",
                  "--constraint=h200", "--mem=900GB", "--time=90", "--signal=USR2@300"):
         assert flag in script, flag
-    assert "export XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in script
+    xla = next(line for line in script.splitlines() if line.startswith("export XLA_FLAGS="))
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in xla
     assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92" in script
 
 
@@ -84,6 +86,21 @@ def test_forced_host_devices_reach_the_process_environment():
     env = process_environment(make_config("hardware=local_cpu8", "model=tiny").hardware)
     assert "--xla_force_host_platform_device_count=8" in env["XLA_FLAGS"]
     assert int(env["PJRT_NPROC"]) >= 16  # else 8-device collectives abort on a 2-core machine
+
+
+def test_the_environments_xla_flags_are_kept_unless_the_hardware_sets_them(monkeypatch):
+    from marin.launch.distributed import INHERITED_FLAGS, apply_environment, xla_flags
+
+    hw = make_config("hardware=local_cpu8", "model=tiny", "hardware.xla_flags='--xla_cpu_enable_fast_math=false'").hardware
+    monkeypatch.setattr(os, "environ", {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_cpu_enable_fast_math=true "
+                                                     "--xla_force_host_platform_device_count=2"})
+    want = "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d"
+    assert xla_flags(hw) == want
+    apply_environment(hw)
+    assert os.environ["XLA_FLAGS"] == want and INHERITED_FLAGS in os.environ
+    # a process this one starts reads the flags it started with, not those the hardware added
+    hw.xla_flags, hw.host_devices = "", 1
+    assert xla_flags(hw) == "--xla_dump_to=/tmp/d --xla_cpu_enable_fast_math=true"
 
 
 def test_mesh_must_cover_the_devices_and_split_the_experts():

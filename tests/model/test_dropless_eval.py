@@ -8,7 +8,6 @@ test_expert_parallel.py.
 """
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from marin.config.validate import ConfigError
 from marin.model import dispatch, routers
 from marin.model.dispatch import ExpertWeights
-from tests.helpers import make_config
+from tests.helpers import make_config, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 L, I = 16, 24   # latent, expert width
@@ -144,8 +143,7 @@ def compare_expert_parallel() -> dict:
 
 
 def test_waves_equal_unbounded_under_expert_parallelism():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PJRT_NPROC="16",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env = subprocess_env(8)
     proc = subprocess.run([sys.executable, "-m", "tests.model.test_dropless_eval", "ep"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

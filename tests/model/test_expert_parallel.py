@@ -5,7 +5,6 @@ imported it, so the test runs this same module as a subprocess (`python -m
 tests.model.test_expert_parallel qb softmax_aux`) with XLA_FLAGS set; `compare` runs there.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 
 from marin.model.mesh import make_mesh
 from marin.model.moe import MoE
-from tests.helpers import make_config
+from tests.helpers import make_config, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,8 +52,7 @@ def compare(router: str) -> dict:
 
 
 def test_expert_parallel_layer_matches_single_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PJRT_NPROC="16",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env = subprocess_env(8)
     proc = subprocess.run([sys.executable, "-m", "tests.model.test_expert_parallel", "qb", "softmax_aux"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

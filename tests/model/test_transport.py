@@ -23,7 +23,7 @@ import pytest
 from marin.config.validate import ConfigError
 from marin.model import dispatch
 from marin.model.dispatch import ExpertWeights
-from tests.helpers import make_config
+from tests.helpers import make_config, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 L, I = 16, 24   # latent, expert width
@@ -36,8 +36,7 @@ def _weights(key, experts):
 
 
 def _subprocess(devices: int, *args: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PJRT_NPROC=str(max(16, 2 * devices)), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env = subprocess_env(devices)
     proc = subprocess.run([sys.executable, "-m", "tests.model.test_transport", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -6,7 +6,6 @@ The device count must be forced before JAX starts, so the 8-device comparison ru
 as a subprocess (`python -m tests.train.test_layout`), which trains both layouts there.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from marin.optim import build_optimizer
 from marin.train.state import init_state, leaf_spec
-from tests.helpers import make_config
+from tests.helpers import make_config, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.steps=3",
@@ -89,8 +88,7 @@ def compare() -> dict:
 
 
 def test_eight_devices_with_fsdp_and_offload_match_one_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PJRT_NPROC="16",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), MARIN_TEST_OUT=str(tmp_path))
+    env = subprocess_env(8, MARIN_TEST_OUT=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "tests.train.test_layout"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from marin.train import manifest
+from tests.helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,8 +78,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_each_seal_their_own_shards_and_catch_a_flip(tmp_path):
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.train.test_manifest", str(i), str(port), str(tmp_path)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in (0, 1)]
