@@ -6,11 +6,12 @@ from pathlib import Path
 
 from marin.config.store import compose
 from marin.launch.checks import load
+from marin.launch.distributed import FORCED_DEVICES_FLAG
 
 ROOT = Path(__file__).resolve().parents[1]
 # The suite's own XLA flag (tests/conftest.py puts it in XLA_FLAGS; marin passes the environment's
 # XLA_FLAGS on to every process of a run): LLVM at -O0 halves a tiny train step's compile, which is
-# most of the suite's CPU, and slows its few steps about 2x.
+# most of the suite's CPU, and slows its few steps about 3x (benchmarks/test_flags.py).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
@@ -40,6 +41,6 @@ def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
 
 def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
     """The environment of a `python -m tests.…` child that forces `devices` host devices."""
-    flags = TEST_XLA_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices > 1 else "")
+    flags = TEST_XLA_FLAGS + (f" {FORCED_DEVICES_FLAG}={devices}" if devices > 1 else "")
     return dict(os.environ, XLA_FLAGS=flags, PJRT_NPROC=str(max(16, 2 * devices)), JAX_PLATFORMS="cpu",
                 PYTHONPATH=str(ROOT), **extra)
