@@ -23,7 +23,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MARIN_JAX_CACHE", str(ROOT / "outputs" / "cache" / "jax-tests"))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["MARIN_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Programs under 16 KiB (the model tests' eager ops: thousands of 2-5 KiB entries) are not cached:
+# each write under the size limit below lists and stats every entry (JAX's LRU eviction), so with
+# them the suite spent minutes of CPU in that scan; recompiling one costs tens of ms. Train, eval and
+# init steps (80 KiB and up) are cached.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", str(16 << 10))
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 if TEST_XLA_FLAGS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):   # unless the user chose a level
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()

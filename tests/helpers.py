@@ -1,6 +1,7 @@
 """Test helpers: compose a config exactly as launch.py does (Hydra's compose API)."""
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -15,13 +16,30 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
+_MEMO: dict = {}
+
+
 def compose_dict(*overrides: str):
-    return compose(overrides)
+    """The composed config (a DictConfig) of these overrides. Memoised in this process (Hydra
+    reads every YAML file again on each compose: about 0.1 s, over a thousand times a suite);
+    each caller gets its own copy. Not while MARIN_SITE is set: the site tests change its file."""
+    if os.environ.get("MARIN_SITE"):
+        return compose(overrides)
+    key = ("composed", overrides)
+    if key not in _MEMO:
+        _MEMO[key] = compose(overrides)
+    return copy.deepcopy(_MEMO[key])
 
 
 def make_config(*overrides: str):
-    """The resolved `Config` for these overrides (validation included)."""
-    return load(compose_dict(*overrides))[1]
+    """The resolved `Config` for these overrides (validation included), memoised as above."""
+    key = ("resolved", overrides)
+    if os.environ.get("MARIN_SITE") or key not in _MEMO:
+        resolved = load(compose_dict(*overrides))[1]
+        if os.environ.get("MARIN_SITE"):
+            return resolved
+        _MEMO[key] = resolved
+    return copy.deepcopy(_MEMO[key])
 
 
 def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
@@ -44,3 +62,31 @@ def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
     flags = TEST_XLA_FLAGS + (f" {FORCED_DEVICES_FLAG}={devices}" if devices > 1 else "")
     return dict(os.environ, XLA_FLAGS=flags, PJRT_NPROC=str(max(16, 2 * devices)), JAX_PLATFORMS="cpu",
                 PYTHONPATH=str(ROOT), **extra)
+
+
+def new_store(folder: Path, name: str = "mlflow.db") -> str:
+    """The URI of a sqlite MLflow store at folder/name, new and empty unless already there: a copy
+    of an empty store made once per checkout (MLflow's migrations take about 2 CPU-s a store, and
+    the suite makes dozens). The runs' experiments are marin's own, as in any new store."""
+    import fcntl
+    import shutil
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    path = Path(folder) / name
+    if not path.exists():
+        template = ROOT / "outputs" / "cache" / f"mlflow-empty-{version('mlflow')}.db"
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with open(template.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not template.exists():
+                made = template.with_suffix(".tmp")
+                made.unlink(missing_ok=True)
+                subprocess.run([sys.executable, "-c", "import sys; from mlflow import MlflowClient; "
+                                "MlflowClient(sys.argv[1]).search_experiments()", f"sqlite:///{made}"],
+                               check=True, capture_output=True)
+                made.replace(template)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+    return f"sqlite:///{path}"

@@ -2,7 +2,7 @@
 trained once per test session (4 steps, a checkpoint at the end), in its own MLflow store."""
 from __future__ import annotations
 
-from tests.helpers import compose_dict
+from tests.helpers import compose_dict, new_store
 
 TINY_RUN = ["model=tiny", "train.seq_len=32", "train.global_batch=4", "train.steps=4", "train.eval_every=0",
             "train.eval_batches=1", "optim.lr=1e-2"]
@@ -10,7 +10,7 @@ _made: dict = {}
 
 
 def overrides_for(root) -> list[str]:
-    return [*TINY_RUN, f"run.out_dir={root}", f"tracking.uri=sqlite:///{root}/mlflow.db"]
+    return [*TINY_RUN, f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
 
 
 def tiny_run(tmp_path_factory):
@@ -55,7 +55,7 @@ def forkable_run(tmp_path_factory):
         from marin.train.loop import train
 
         root = tmp_path_factory.mktemp("forkable")
-        overrides = [*FORKABLE, f"run.out_dir={root}", f"tracking.uri=sqlite:///{root}/mlflow.db"]
+        overrides = [*FORKABLE, f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
         composed, cfg = load(compose_dict(*overrides))
         rec = record.create(composed, cfg, overrides)
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}

@@ -311,10 +311,12 @@ def _import_in_background(module: str) -> None:
 
 def enable_compilation_cache(cfg) -> None:
     """JAX's persistent compilation cache (the one cross-process compile cache): a repeated run
-    skips XLA's compilation."""
+    skips XLA's compilation. Every program is cached (thresholds 0: a tiny run's start is mostly
+    small programs) unless the environment sets JAX's own thresholds (the test suite does)."""
     import jax
 
     path = os.environ.get("MARIN_JAX_CACHE") or str(project_path(cfg.run.out_dir) / "cache" / "jax")
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    for option in ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes"):
+        if option.upper() not in os.environ:
+            jax.config.update(option, 0)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import new_store
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "train.steps=16", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1", "train.checkpoint.every_steps=3"]
@@ -29,7 +31,7 @@ def run_dir_of(done) -> Path:
 def test_stopped_local_run_resumes_with_a_shortened_horizon(tmp_path):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     first = launch(*TINY, "train.stop_after=6", f"run.out_dir={tmp_path}", f"tracking.uri={uri}")
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = run_dir_of(first)
@@ -91,7 +93,7 @@ def stopped_run(tmp_path_factory):
     from tests.helpers import compose_dict
 
     tmp = tmp_path_factory.mktemp("stopped")
-    overrides = [*TINY, "train.stop_after=6", f"run.out_dir={tmp}", f"tracking.uri=sqlite:///{tmp}/mlflow.db"]
+    overrides = [*TINY, "train.stop_after=6", f"run.out_dir={tmp}", f"tracking.uri={new_store(tmp)}"]
     composed, resolved = load(compose_dict(*overrides))
     rec = record.create(composed, resolved, overrides)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}

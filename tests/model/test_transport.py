@@ -23,7 +23,7 @@ import pytest
 from marin.config.validate import ConfigError
 from marin.model import dispatch
 from marin.model.dispatch import ExpertWeights
-from tests.helpers import make_config, subprocess_env
+from tests.helpers import make_config, new_store, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 L, I = 16, 24   # latent, expert width
@@ -295,7 +295,7 @@ def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
     from marin.launch.resume import _note_resume, changes_between
     from marin.track import record
 
-    where = [f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "model=tiny",
+    where = [f"run.out_dir={tmp_path}", f"tracking.uri={new_store(tmp_path)}", "model=tiny",
              "model.ep_waves=2"]   # tiny: 4 experts, 2 stripes
     before = make_config(*where, "model.ep_transport=pooled")
     after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")

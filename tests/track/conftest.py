@@ -3,13 +3,13 @@ tables takes seconds; each test uses its own run names)."""
 import pytest
 
 from marin.launch.checks import load
-from tests.helpers import compose_dict
+from tests.helpers import compose_dict, new_store
 
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("track")
-    return {"uri": f"sqlite:///{root}/mlflow/mlflow.db", "out": root / "out", "root": root}
+    return {"uri": new_store(root / "mlflow"), "out": root / "out", "root": root}
 
 
 @pytest.fixture

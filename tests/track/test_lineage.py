@@ -6,6 +6,7 @@ import json
 import pytest
 
 from marin import lineage
+from tests.helpers import new_store
 from tests.trained import fork_of, forkable_run
 
 
@@ -61,5 +62,5 @@ def test_a_run_under_another_output_folder_by_its_name(tmp_path, capsys):
     from tests.helpers import fake_run_dir
 
     run_id = fake_run_dir(tmp_path, "run: {name: probe}\n")
-    lineage.main(["probe", "--out-dir", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    lineage.main(["probe", "--out-dir", str(tmp_path), "--tracking-uri", new_store(tmp_path)])
     assert f"lineage of run {run_id}: 1 run" in capsys.readouterr().out

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests.helpers import new_store
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "train.steps=8", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1"]
@@ -24,7 +26,7 @@ def losses(client, run_id):
 
 @pytest.mark.slow
 def test_reproduced_run_has_bitwise_identical_losses(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     first_id, first_dir = launch(*TINY, "train.seed=3", f"run.out_dir={tmp_path}", f"tracking.uri={uri}")
     again_id, again_dir = launch(f"reproduce={first_dir}", f"tracking.uri={uri}", f"run.out_dir={tmp_path}")
     assert again_dir != first_dir  # a new run, never the old directory

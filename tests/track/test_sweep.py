@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from marin.config.paths import PROJECT_ROOT
 from marin.track import record, sweep, tracker
+from tests.helpers import new_store
 
 
 def _launch(multirun_job, monkeypatch, lrs):
@@ -163,7 +164,7 @@ def test_end_closes_the_parent_with_its_jobs(store, multirun_job, monkeypatch):
 def test_local_sweep_life_cycle(tmp_path):
     """Start (the parent is shown first), a job that fails does not stop the others, the parent
     ends FAILED with them, and `marin.status` finds the sweep by name."""
-    out, uri = tmp_path / "out", f"sqlite:///{tmp_path}/mlflow.db"
+    out, uri = tmp_path / "out", new_store(tmp_path)
     done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e30,1e-3", f"run.out_dir={out}",
                       f"tracking.uri={uri}", "run.sweep=life",
                       f"data.cache_dir={PROJECT_ROOT}/outputs/cache/tokens-tests")

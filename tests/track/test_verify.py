@@ -9,7 +9,7 @@ import signal
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import compose_dict
+from tests.helpers import compose_dict, new_store
 
 TINY = ["model=tiny", "train.steps=6", "train.seq_len=32", "train.global_batch=4", "train.eval_every=3",
         "train.eval_batches=1", "train.checkpoint.every_steps=2", "train.checkpoint.keep_last=0",
@@ -23,7 +23,7 @@ def original(tmp_path_factory):
     from marin.train.loop import train
 
     tmp = tmp_path_factory.mktemp("verify")
-    site = [f"run.out_dir={tmp}", f"tracking.uri=sqlite:///{tmp}/mlflow.db"]
+    site = [f"run.out_dir={tmp}", f"tracking.uri={new_store(tmp)}"]
     composed, resolved = load(compose_dict(*TINY, *site))
     rec = record.create(composed, resolved, TINY + site)
     with _signals_kept():

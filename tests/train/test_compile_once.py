@@ -61,3 +61,29 @@ def test_three_point_lr_sweep_compiles_the_train_step_once(tmp_path, caplog):
                 if "train_step" in r.getMessage() and "Compiling" in r.getMessage()]
     assert len(compiles) == 1, compiles
     assert len(set(losses)) == 3, losses
+
+
+def test_the_environments_cache_thresholds_win_over_marins(monkeypatch, tmp_path):
+    """marin caches every compile (thresholds 0) unless the environment chose its own thresholds:
+    the suite keeps its tiny eager programs out of the cache (tests/conftest.py)."""
+    from marin.train.trainer import enable_compilation_cache
+
+    cfg = make_config("model=tiny", f"run.out_dir={tmp_path}")
+    names = ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(jax.config, name) for name in names}
+    try:
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.25")
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "4096")
+        jax.config.update(names[0], 0.25)
+        jax.config.update(names[1], 4096)
+        enable_compilation_cache(cfg)
+        assert (jax.config.jax_persistent_cache_min_compile_time_secs,
+                jax.config.jax_persistent_cache_min_entry_size_bytes) == (0.25, 4096)
+        monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+        monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+        enable_compilation_cache(cfg)
+        assert (jax.config.jax_persistent_cache_min_compile_time_secs,
+                jax.config.jax_persistent_cache_min_entry_size_bytes) == (0.0, 0)
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)

@@ -13,6 +13,7 @@ import pytest
 
 from marin import ctl
 from marin.train import manifest, preempt
+from tests.helpers import new_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +78,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     """launch.py, tiny model, 200 steps; `marin.ctl checkpoint` once the first step is logged."""
     from mlflow import MlflowClient
 
-    uri, steps = f"sqlite:///{tmp_path}/mlflow.db", 200
+    uri, steps = new_store(tmp_path), 200
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as stderr:

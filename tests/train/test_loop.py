@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from marin.launch.checks import load
-from tests.helpers import compose_dict
+from tests.helpers import compose_dict, new_store
 
 TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
         "train.eval_batches=1", "optim.lr=1e-2"]
@@ -17,7 +17,7 @@ def start(tmp_path, *overrides):
     from marin.track import record
 
     composed, cfg = load(compose_dict(*TINY, f"run.out_dir={tmp_path}",
-                                      f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides))
+                                      f"tracking.uri={new_store(tmp_path)}", *overrides))
     return cfg, record.create(composed, cfg, list(overrides))
 
 

@@ -9,6 +9,8 @@ import signal
 import numpy as np
 import pytest
 
+from tests.helpers import new_store
+
 TINY = ["model=tiny", "train.steps=20", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1", "train.checkpoint.every_steps=5", "train.checkpoint.keep_last=10"]
 B_MIX = ["data.sources.0.weights=[0.75]", "data.sources.1.weights=[0.25]"]  # A: 0.5 / 0.5 (data=builtin)
@@ -34,7 +36,7 @@ def test_resume_on_another_mixture_keeps_every_read_position(tmp_path):
     from marin.train.loop import train
     from tests.helpers import compose_dict
 
-    overrides = [*TINY, "train.stop_after=10", f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    overrides = [*TINY, "train.stop_after=10", f"run.out_dir={tmp_path}", f"tracking.uri={new_store(tmp_path)}"]
     composed, on_a = load(compose_dict(*overrides))
     rec = record.create(composed, on_a, overrides)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from marin.train import preempt
+from tests.helpers import new_store
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +86,7 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     from mlflow import MlflowClient
 
     root = Path(__file__).resolve().parents[2]
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     err, out, said = tmp_path / "stderr.txt", tmp_path / "my runs", tmp_path / "stdout.txt"
     with err.open("w") as stderr, said.open("w") as stdout:

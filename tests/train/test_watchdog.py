@@ -13,6 +13,7 @@ import pytest
 
 from marin.train import watchdog
 from marin.train.preempt import WATCHDOG_EXIT
+from tests.helpers import new_store
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"  # the project's token cache: tokenized once
@@ -100,7 +101,7 @@ def test_a_hung_run_dumps_its_stacks_and_exits_124_within_the_limit(tmp_path):
     """launch.py, tiny model, limit 3 s, process 0 hangs before step 3 (about 15 s)."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     limit_s = 3.0
     done = subprocess.run([sys.executable, "launch.py", "model=tiny", "train.steps=8", "train.seq_len=32",
@@ -187,7 +188,7 @@ def test_on_slurm_a_hang_is_caught_the_job_restarts_and_its_losses_equal_an_unfa
     step boundary, and trains on."""
     from mlflow import MlflowClient
 
-    uri, limit_s = f"sqlite:///{tmp_path}/mlflow.db", 20.0
+    uri, limit_s = new_store(tmp_path), 20.0
     env = {k: v for k, v in os.environ.items() if k != "MARIN_SLURM_ENTRY"}
     common = [*SLURM_TRAIN, f"train.watchdog_minutes={limit_s / 60}", f"run.out_dir={tmp_path}", f"tracking.uri={uri}"]
     proc, seen = submit([*common, "run.name=straight"], env), []
