@@ -138,9 +138,10 @@ def pytest_sessionfinish(session):
 # --- scheduling under xdist --------------------------------------------------------------------------
 # Tests that share expensive state run on one worker: those using a module-scoped fixture (a trained
 # run) per module, the Slurm tests (one 1-node cluster), the two tests reading the hero's compile.
-# Slow tests are dealt first, the short ones fill in. xdist's own `xdist_group` cannot do this with
-# pytest 9 (it renames node ids through an attribute pytest 9 no longer reads), so the workers write
-# {node id: group} to this run's folder and the controller's scheduler reads it.
+# The Slurm group is dealt first, then the slow tests; the short ones fill in. xdist's own
+# `xdist_group` cannot do this with pytest 9 (it renames node ids through an attribute pytest 9 no
+# longer reads), so the workers write {node id: group} to this run's folder and the controller's
+# scheduler reads it.
 
 # The test that opens the report in a browser, until its module marks it `browser` itself.
 BROWSER_TESTS = {"test_the_report_renders_offline_in_a_real_browser"}
@@ -175,7 +176,9 @@ def pytest_collection_modifyitems(config, items):
         group = _group(item)
         if group:
             item.stash[GROUP] = group
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)   # stable: slow ones first
+    # Stable: the Slurm group first (its worker mostly waits on jobs, for minutes: from the start it
+    # overlaps everything else), then the slow tests, the short ones fill in.
+    items.sort(key=lambda item: (item.get_closest_marker("slurm") is None, item.get_closest_marker("slow") is None))
 
 
 def _groups_file(config) -> Path:

@@ -48,7 +48,7 @@ def test_mask_is_causal_windowed_and_per_document(is_global):
 def _init_attention(cfg, seq=SEGMENTS.shape[1]):
     module = Attention(cfg)
     x = jax.random.normal(jax.random.key(1), (1, seq, cfg.model.d_model))
-    params = module.init(jax.random.key(0), x, jnp.asarray(SEGMENTS), jnp.array(False))["params"]
+    params = jax.jit(lambda key: module.init(key, x, jnp.asarray(SEGMENTS), jnp.array(False)))(jax.random.key(0))["params"]
     # A non-zero gate and a mixing conv (both start trivial), so every path is exercised.
     params = dict(params, gate=0.1 * jax.random.normal(jax.random.key(2), params["gate"].shape),
                   conv_k=jax.random.normal(jax.random.key(3), params["conv_k"].shape))

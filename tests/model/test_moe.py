@@ -1,5 +1,7 @@
 """The MoE layer and its dispatch: sort dispatch against the dense and ragged_dot references,
 capacity drops, the dropless evaluation path, parameter names, and XLA's compiled FLOP count."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,7 @@ def _problem(seed=0, tokens=T):
     return x, expert_idx.astype(jnp.int32), weights, w
 
 
+@functools.partial(jax.jit, static_argnames="cap")   # jitted: op by op, every test compiles dozens of programs
 def _sort(x, expert_idx, weights, w, cap):
     return dispatch.sort_dispatch(x, expert_idx, weights, lambda xe: dispatch.expert_swiglu(xe, w), E, cap)
 
@@ -32,11 +35,11 @@ def test_sort_dispatch_matches_references_without_drops(reference):
     x, idx, wts, w = _problem()
     y_sort, dropped = _sort(x, idx, wts, w, cap=T)
     assert int(dropped) == 0
-    np.testing.assert_allclose(y_sort, reference(x, idx, wts, w), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(y_sort, jax.jit(reference)(x, idx, wts, w), atol=1e-5, rtol=1e-5)
 
     # Gradients too: the sort path's gathers carry a hand-written transpose.
     def grads(fn):
-        return jax.grad(lambda x, wts, w: jnp.sum(jnp.sin(fn(x, idx, wts, w))), argnums=(0, 1, 2))(x, wts, w)
+        return jax.jit(jax.grad(lambda x, wts, w: jnp.sum(jnp.sin(fn(x, idx, wts, w))), argnums=(0, 1, 2)))(x, wts, w)
     for a, b in zip(jax.tree.leaves(grads(lambda *args: _sort(*args, cap=T)[0])), jax.tree.leaves(grads(reference))):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)   # fp32 summation order differs
 
@@ -73,15 +76,15 @@ def test_layer_dispatch_paths_agree_and_eval_is_dropless():
     for path in ("sort", "dense"):
         cfg = _cfg(f"model.dispatch={path}", "model.capacity_factor=4.0")
         module = MoE(cfg)
-        params = module.init(jax.random.key(2), x, bias, train=True)
+        params = jax.jit(lambda key: module.init(key, x, bias, train=True))(jax.random.key(2))
         outs[path] = jax.jit(lambda p, x: module.apply(p, x, bias, train=True))(params, x)
     np.testing.assert_allclose(outs["sort"][0], outs["dense"][0], atol=1e-5)
     assert float(outs["sort"][1]["dropped_frac"]) == 0.0
 
     # A capacity far too small drops in training; evaluation stays dropless and exact.
     module = MoE(_cfg("model.capacity_factor=0.25"))
-    train_y, train_stats = module.apply(params, x, bias, train=True)
-    eval_y, eval_stats = module.apply(params, x, bias, train=False)
+    train_y, train_stats = jax.jit(lambda p: module.apply(p, x, bias, train=True))(params)
+    eval_y, eval_stats = jax.jit(lambda p: module.apply(p, x, bias, train=False))(params)
     assert float(train_stats["dropped_frac"]) > 0.5
     assert float(eval_stats["dropped_frac"]) == 0.0
     np.testing.assert_allclose(eval_y, outs["dense"][0], atol=1e-5)
@@ -90,7 +93,7 @@ def test_layer_dispatch_paths_agree_and_eval_is_dropless():
 def test_parameter_tree_and_init():
     cfg = _cfg()
     x = jnp.ones((1, 8, 64))
-    params = MoE(cfg).init(jax.random.key(0), x, jnp.zeros(8), train=True)["params"]
+    params = jax.jit(lambda key: MoE(cfg).init(key, x, jnp.zeros(8), train=True))(jax.random.key(0))["params"]
     shapes = jax.tree.map(lambda a: a.shape, params)
     d, lat, width, e, s, ws = 64, 32, 32, 8, 1, 32
     assert shapes == {
@@ -105,9 +108,9 @@ def test_parameter_tree_and_init():
 def test_bfloat16_compute_is_close_to_float32():
     x = jax.random.normal(jax.random.key(0), (2, 16, 64))
     module32, module16 = MoE(_cfg()), MoE(_cfg("model.compute_dtype=bfloat16"))
-    params = module32.init(jax.random.key(1), x, jnp.zeros(8), train=True)
-    y32, _ = module32.apply(params, x, jnp.zeros(8), train=True)
-    y16, _ = module16.apply(params, x, jnp.zeros(8), train=True)
+    params = jax.jit(lambda key: module32.init(key, x, jnp.zeros(8), train=True))(jax.random.key(1))
+    y32, _ = jax.jit(lambda p: module32.apply(p, x, jnp.zeros(8), train=True))(params)
+    y16, _ = jax.jit(lambda p: module16.apply(p, x, jnp.zeros(8), train=True))(params)
     assert y16.dtype == jnp.float32
     assert float(jnp.abs(y16 - y32).max()) < 0.05 * float(jnp.abs(y32).max())
 

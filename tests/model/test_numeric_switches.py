@@ -39,8 +39,8 @@ def _attention(*overrides):
     cfg = make_config("model=tiny", *overrides)
     x = jax.random.normal(jax.random.key(1), (1, T, cfg.model.d_model))
     segments, is_global = jnp.ones((1, T), jnp.int32), jnp.array(False)
-    params = Attention(cfg).init(jax.random.key(0), x, segments, is_global)
-    return cfg, Attention(cfg).apply(params, x, segments, is_global)
+    params = jax.jit(lambda key: Attention(cfg).init(key, x, segments, is_global))(jax.random.key(0))
+    return cfg, jax.jit(lambda p: Attention(cfg).apply(p, x, segments, is_global))(params)
 
 
 def test_qk_norm_eps_defaults_to_norm_eps_and_changes_the_norm():
@@ -105,13 +105,13 @@ def test_attention_layer_agrees_across_pairings_with_permuted_q_k_columns():
     T, h = 10, 16
     x = jax.random.normal(jax.random.key(1), (1, T, inter_cfg.model.d_model))
     segments, is_local = jnp.asarray([[1] * 6 + [2] * 4]), jnp.array(False)
-    params = Attention(inter_cfg).init(jax.random.key(0), x, segments, is_local)["params"]
+    params = jax.jit(lambda key: Attention(inter_cfg).init(key, x, segments, is_local))(jax.random.key(0))["params"]
     params = dict(params, gate=0.1 * jax.random.normal(jax.random.key(2), params["gate"].shape),
                   conv_k=jax.random.normal(jax.random.key(3), params["conv_k"].shape))
     p = rope_permutation(h, int(h * inter_cfg.attention.rope_fraction))
     permuted = dict(params, **{name: _permute_heads(params[name], h, p) for name in ("wq", "wk", "conv_k")})
 
-    run = lambda cfg, prm: Attention(cfg).apply({"params": prm}, x, segments, is_local)
+    run = lambda cfg, prm: jax.jit(lambda q: Attention(cfg).apply({"params": q}, x, segments, is_local))(prm)  # noqa: E731
     interleaved = run(inter_cfg, params)
     np.testing.assert_allclose(run(halves_cfg, permuted), interleaved, atol=1e-5, rtol=1e-5)
     assert not np.allclose(run(halves_cfg, params), interleaved, atol=1e-3)   # unpermuted: not the same
