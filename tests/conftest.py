@@ -8,15 +8,13 @@ pointed away from any user store, and what a parallel run (`-n 2`, pytest-xdist)
   local cluster, `browser` a headless Chromium, the `tracking_uri` fixture an MLflow server.
 - Under xdist (`-n 2`), tests sharing a module-scoped fixture (a trained run) go to one worker, the
   Slurm tests to one worker, the hero's two to one worker, and the slow tests are scheduled first."""
-import fcntl
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TEST_XLA_FLAGS
+from tests.helpers import TEST_XLA_FLAGS, locked
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -64,18 +62,6 @@ def run_dir(config) -> Path:
     worker's basetemp is <controller's basetemp>/popen-gwN)."""
     base = config._tmp_path_factory.getbasetemp()
     return base.parent if hasattr(config, "workerinput") else base
-
-
-@contextmanager
-def locked(path: Path):
-    """An exclusive fcntl lock on `path` (created), released on exit or when the process dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def once(config, name: str, make):

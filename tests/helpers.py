@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from marin.config.store import compose
@@ -19,27 +21,37 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 _MEMO: dict = {}
 
 
-def compose_dict(*overrides: str):
-    """The composed config (a DictConfig) of these overrides. Memoised in this process (Hydra
-    reads every YAML file again on each compose: about 0.1 s, over a thousand times a suite);
-    each caller gets its own copy. Not while MARIN_SITE is set: the site tests change its file."""
+def _memoised(key, make):
+    """make(), once per process per key; each caller gets its own copy. Not while MARIN_SITE is
+    set: the site tests change its file between composes."""
     if os.environ.get("MARIN_SITE"):
-        return compose(overrides)
-    key = ("composed", overrides)
+        return make()
     if key not in _MEMO:
-        _MEMO[key] = compose(overrides)
+        _MEMO[key] = make()
     return copy.deepcopy(_MEMO[key])
+
+
+def compose_dict(*overrides: str):
+    """The composed config (a DictConfig) of these overrides, memoised (Hydra reads every YAML
+    file again on each compose: about 0.1 s, over a thousand times a suite)."""
+    return _memoised(("composed", overrides), lambda: compose(overrides))
 
 
 def make_config(*overrides: str):
-    """The resolved `Config` for these overrides (validation included), memoised as above."""
-    key = ("resolved", overrides)
-    if os.environ.get("MARIN_SITE") or key not in _MEMO:
-        resolved = load(compose_dict(*overrides))[1]
-        if os.environ.get("MARIN_SITE"):
-            return resolved
-        _MEMO[key] = resolved
-    return copy.deepcopy(_MEMO[key])
+    """The resolved `Config` for these overrides (validation included), memoised."""
+    return _memoised(("resolved", overrides), lambda: load(compose_dict(*overrides))[1])
+
+
+@contextmanager
+def locked(path: Path):
+    """An exclusive fcntl lock on `path` (created), released on exit or when the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
@@ -68,7 +80,6 @@ def new_store(folder: Path, name: str = "mlflow.db") -> str:
     """The URI of a sqlite MLflow store at folder/name, new and empty unless already there: a copy
     of an empty store made once per checkout (MLflow's migrations take about 2 CPU-s a store, and
     the suite makes dozens). The runs' experiments are marin's own, as in any new store."""
-    import fcntl
     import shutil
     import subprocess
     import sys
@@ -77,9 +88,7 @@ def new_store(folder: Path, name: str = "mlflow.db") -> str:
     path = Path(folder) / name
     if not path.exists():
         template = ROOT / "outputs" / "cache" / f"mlflow-empty-{version('mlflow')}.db"
-        template.parent.mkdir(parents=True, exist_ok=True)
-        with open(template.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(template.with_suffix(".lock")):
             if not template.exists():
                 made = template.with_suffix(".tmp")
                 made.unlink(missing_ok=True)

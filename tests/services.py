@@ -87,7 +87,7 @@ def slurm_unavailable() -> str | None:
 def _slurm(config) -> str | None:
     if slurm_unavailable() is None:
         return None                      # already up (started by hand or by another run): reused, not stopped
-    from tests.conftest import locked
+    from tests.helpers import locked
 
     with locked(MACHINE_LOCK):
         if slurm_unavailable() is None:
@@ -115,7 +115,7 @@ def _browser(config) -> str | None:
     why_not = can_install()
     if why_not:
         return f"no headless chromium ({why_not}; scripts/browser_install.sh installs it)"
-    from tests.conftest import locked
+    from tests.helpers import locked
 
     with locked(MACHINE_LOCK):
         if chromium() is None:
