@@ -27,7 +27,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # init steps (80 KiB and up) are cached.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", str(16 << 10))
 os.environ.pop("MLFLOW_TRACKING_URI", None)
-if TEST_XLA_FLAGS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):   # unless the user chose a level
+if TEST_XLA_FLAGS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):   # unless the user chose a level itself
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 

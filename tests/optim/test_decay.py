@@ -46,7 +46,9 @@ RULES = {  # optimizer: rules exercising a path, an alternative, and a whole gro
 @pytest.mark.parametrize("name", ["adamw", "muonh"])
 def test_decay_is_minus_lr_times_coefficient_times_w_on_its_leaves_only(name):
     # Two optimizers, with and without rules, see the same gradients and (fixed) parameters, so
-    # everything but the decay evolves identically: their difference is the decay term alone.
+    # everything but the decay evolves identically: their difference is the decay term alone. Off
+    # the decayed leaves the two programs agree to rounding (XLA may order their float operations
+    # differently: tens of ulp of the largest update), far below a decay term (lr · coefficient · w).
     plain, decayed = config(name, steps=40, lr=1e-2), config(name, steps=40, lr=1e-2)
     decayed.optim.decay = RULES[name]
     params = toy_params()
@@ -66,12 +68,14 @@ def test_decay_is_minus_lr_times_coefficient_times_w_on_its_leaves_only(name):
         (u0, states[0]), (u1, states[1]) = step(0, grads, states[0]), step(1, grads, states[1])
         diffs = {path_names(p): np.asarray(d) for p, d in
                  jax.tree_util.tree_leaves_with_path(jax.tree.map(lambda a, b: b - a, u0, u1))}
+        plain_updates = {path_names(p): np.abs(np.asarray(u)).max() for p, u in jax.tree_util.tree_leaves_with_path(u0)}
         for names, diff in diffs.items():
             group = groups[names]
             rule = rule_of(names, group)
             want = 0.0 if rule is None else coefficient(rule, k)
             if want == 0.0:
-                np.testing.assert_array_equal(diff, 0.0, err_msg=f"{names} at step {k}")
+                rounding = 32 * np.finfo(np.float32).eps * plain_updates[names]
+                np.testing.assert_allclose(diff, 0.0, atol=rounding, rtol=0, err_msg=f"{names} at step {k}")
             else:
                 decayed_leaves.add(names)
                 np.testing.assert_allclose(diff, -lr_at(plain, k)[group] * want * leaves[names],
