@@ -66,7 +66,8 @@ def main() -> None:
         return
     from tests.helpers import TEST_XLA_FLAGS
 
-    flag_sets = {"XLA defaults": "", "TEST_XLA_FLAGS": TEST_XLA_FLAGS}
+    # each of the suite's flags alone, then both: which one buys what
+    flag_sets = {"XLA defaults": "", **{flag: flag for flag in TEST_XLA_FLAGS.split()}, "TEST_XLA_FLAGS": TEST_XLA_FLAGS}
     runs: dict = {(c, f): [] for c in CASES for f in flag_sets}
     for _ in range(args.repeats):
         for case in CASES:
