@@ -178,6 +178,8 @@ class Tracker:
         if isinstance(self._record, Future) and not self._record.done():
             self._jobs.put(lambda: self.update_info(**fields))
             return
+        if self.not_made:  # no record to write into: the trainer stops at its first step (RunNotMade)
+            return
         with _INFO_LOCK:
             run_record.update_info(self.record, **fields)
 

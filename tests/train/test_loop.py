@@ -148,11 +148,9 @@ def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
 @pytest.mark.slow
 def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(tmp_path):
     """marin.launch.local.run_local makes the directory and the MLflow run before training, all or nothing: a store
-    that cannot take the run gives one line, exit 2, and no run directory."""
-    import os
+    that cannot take the run gives one line, exit 2, and no run directory (launch.py, as a user runs it)."""
     import subprocess
     import sys
-    import textwrap
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -160,21 +158,32 @@ def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(
     garbage.parent.mkdir()
     garbage.write_text("not a database")
     out = tmp_path / "out"
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
-        from tests.helpers import compose_dict
-        from marin.launch.checks import load
-        from marin.launch.local import run_local
-        overrides = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
-                     "train.steps=100000", "run.out_dir={out}", "tracking.uri=sqlite:///{garbage}"]
-        composed, resolved = load(compose_dict(*overrides))
-        run_local(composed, resolved, overrides)
-    """))
-    done = subprocess.run([sys.executable, str(script)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "launch.py", "model=tiny", "train.seq_len=32", "train.global_batch=8",
+                           "train.eval_batches=1", "train.steps=100000", f"run.out_dir={out}",
+                           f"tracking.uri=sqlite:///{garbage}"], cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "error: could not create the run record" in done.stderr and "Traceback" not in done.stderr
     assert not list((out / "runs").iterdir())
+
+
+def test_a_registration_that_failed_during_set_up_stops_the_run_as_not_made(tmp_path):
+    """However early the tracking process fails to make the MLflow run (here before the trainer
+    starts: set-up writes the devices into the record), the trainer stops with RunNotMade (one
+    line, exit 2 and no run directory in run_local), never as a failed run of a record that
+    does not exist."""
+    from concurrent.futures import Future
+
+    from marin.track import record
+    from marin.train.trainer import RunNotMade, Trainer
+
+    composed, cfg = load(compose_dict(*TINY, "train.steps=2", f"run.out_dir={tmp_path}",
+                                      f"tracking.uri={new_store(tmp_path)}"))
+    draft = record.prepare(composed, cfg, [])
+    registering = Future()
+    registering.set_exception(RuntimeError("DatabaseError: file is not a database"))
+    with pytest.raises(RunNotMade, match="file is not a database"):
+        Trainer(cfg, draft, registering=registering).fit()
+    record.abandon(draft)
 
 
 @pytest.mark.slow
