@@ -13,6 +13,7 @@ opens offline and can be mailed as it is.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import json
@@ -123,10 +124,12 @@ def _png(fig) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{data}">'
 
 
+@functools.cache
 def warm() -> None:
     """Draw a throwaway figure the way the run's page draws its own: matplotlib's imports, its
     fonts, the mathtext parser (a log axis's 10ⁿ labels) and its text caches are then ready, so
-    the page drawn at the run's end (which the run waits for) skips that first-time work."""
+    the page drawn at the run's end (which the run waits for) skips that first-time work. Once a
+    process: the caches stay warm for every later run it tracks."""
     from matplotlib.ticker import FormatStrFormatter
 
     steps = np.arange(1, 6)

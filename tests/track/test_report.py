@@ -158,6 +158,16 @@ def test_the_forecast_verdict_names_the_first_departure():
     assert track_report.forecast_verdict({}, {}) == "no registered forecast"
 
 
+def test_a_process_warms_the_plotting_once(monkeypatch):
+    """The tracking process warms matplotlib for each run it tracks; a process that tracks many
+    (an in-process sweep) draws the throwaway figure once, not once a run."""
+    drawn = []
+    monkeypatch.setattr(track_report, "_png", lambda fig: drawn.append(fig) or "")
+    track_report.warm()
+    track_report.warm()
+    assert len(drawn) <= 1
+
+
 def test_loss_plot_is_log_scale_full_width_with_every_curve_visible():
     from matplotlib.colors import to_rgba
 
