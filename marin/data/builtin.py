@@ -10,6 +10,8 @@ built from it never contain a training document.
 """
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import sysconfig
 import zlib
@@ -45,16 +47,26 @@ def _pydoc_topics() -> Iterator[tuple[str, str]]:
         yield key, topics[key]
 
 
-def _stdlib_files() -> Iterator[tuple[str, str]]:
+@functools.cache
+def _stdlib_paths() -> tuple[tuple[str, Path], ...]:
+    """(name relative to the standard library, path) of its `*.py` files, sorted; listed once a
+    process, and without entering the skipped folders (the interpreter's site-packages and tests
+    hold tens of thousands of entries: walking them was most of preparing the built-in mixture)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if skip.isdisjoint(rel.parts):
-            try:
-                yield str(rel), path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue  # a stray non-UTF-8 file: not worth failing the built-in mixture
+    found = []
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        subfolders[:] = [name for name in subfolders if name not in skip]
+        found += [Path(folder, name) for name in files if name.endswith(".py")]
+    return tuple((str(path.relative_to(root)), path) for path in sorted(found))
+
+
+def _stdlib_files() -> Iterator[tuple[str, str]]:
+    for rel, path in _stdlib_paths():
+        try:
+            yield rel, path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # a stray non-UTF-8 file: not worth failing the built-in mixture
 
 
 def documents(location: str) -> Iterator[str]:

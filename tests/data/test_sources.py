@@ -139,6 +139,30 @@ def test_builtin_heldout_documents_never_train():
         builtin.parse("stdlib/test")
 
 
+def test_the_stdlib_is_listed_once_per_process(monkeypatch):
+    """Both splits of the built-in `stdlib` source read one listing of the standard library (its
+    walk was most of preparing the built-in mixture when every source walked it again), which
+    skips what a full walk would filter out and lists the same files in the same order."""
+    import os
+    import sysconfig
+    from pathlib import Path
+
+    walks = []
+    walk = os.walk
+    monkeypatch.setattr(os, "walk", lambda *args, **kw: walks.append(args) or walk(*args, **kw))
+    rglob = Path.rglob
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: walks.append(self) or rglob(self, pattern))
+    for location in ("stdlib", "stdlib/heldout", "stdlib"):
+        assert next(builtin.documents(location))
+    assert len(walks) <= 1
+    monkeypatch.undo()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+    full = [(str(p.relative_to(root)), p) for p in sorted(root.rglob("*.py"))
+            if skip.isdisjoint(p.relative_to(root).parts) and p.is_file()]
+    assert list(builtin._stdlib_paths()) == full  # noqa: SLF001
+
+
 def test_byte_tokenizer_round_trip():
     (ids,) = ByteTokenizer().encode_batch(["héllo"])
     assert bytes(ids.astype(np.uint8)).decode() == "héllo" and ids.max() < 256
