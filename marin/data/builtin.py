@@ -24,6 +24,7 @@ HELDOUT_EVERY = 10
 # Characters per split: the training split stays a few MB so preparing it takes about a second.
 CAPS = {"train": 4_000_000, "heldout": 400_000}
 VERSION = 1  # bump when the assembly changes: it is part of the cache key
+STDLIB_SKIP = {"site-packages", "test", "tests", "idle_test", "__pycache__"}  # folders `stdlib` leaves out
 
 
 def parse(location: str) -> tuple[str, str]:
@@ -53,10 +54,9 @@ def _stdlib_paths() -> tuple[tuple[str, Path], ...]:
     process, and without entering the skipped folders (the interpreter's site-packages and tests
     hold tens of thousands of entries: walking them was most of preparing the built-in mixture)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
     found = []
     for folder, subfolders, files in os.walk(root, followlinks=True):
-        subfolders[:] = [name for name in subfolders if name not in skip]
+        subfolders[:] = [name for name in subfolders if name not in STDLIB_SKIP]
         found += [Path(folder, name) for name in files if name.endswith(".py")]
     return tuple((str(path.relative_to(root)), path) for path in sorted(found))
 
