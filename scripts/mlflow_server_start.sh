@@ -21,6 +21,8 @@ MLFLOW_DIR=${MLFLOW_DIR:-${TMPDIR:-/tmp}/marin-mlflow}
 MLFLOW_PORT=${MLFLOW_PORT:-5055}
 MLFLOW_ARTIFACT_MODE=${MLFLOW_ARTIFACT_MODE:-proxy}
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
+# no usage telemetry to the internet from the server or its UI (marin.track does the same for runs)
+export MLFLOW_DISABLE_TELEMETRY=${MLFLOW_DISABLE_TELEMETRY:-true}
 
 if [[ -s $MLFLOW_DIR/server.pid ]]; then bash "$(dirname "$0")/mlflow_server_stop.sh" || true; fi
 rm -rf "$MLFLOW_DIR"; mkdir -p "$MLFLOW_DIR/artifacts"

@@ -211,3 +211,39 @@ def test_a_server_behind_basic_auth_is_reachable_with_credentials_in_the_uri():
         assert "wrong-pw-77" not in str(err.value)
     finally:
         server.shutdown()
+
+
+# Every variable by which MLflow decides it runs under CI or a test (and then sends nothing).
+_CI_MARKERS = ("CI", "PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE")
+OFFLINE_PROBE = """
+import socket, sys, time
+asked = []
+def refuse(host, *args, **kwargs):
+    asked.append(host)
+    raise socket.gaierror("offline")
+socket.getaddrinfo = refuse
+from marin.track import backend
+client = backend.client(sys.argv[1])
+run = client.create_run(client.create_experiment("offline"))
+client.log_metric(run.info.run_id, "train/loss", 1.0)
+client.set_terminated(run.info.run_id)
+time.sleep(2)  # room for a background sender
+print(sorted(set(asked)))
+"""
+
+
+def test_tracking_contacts_no_host_but_its_store(tmp_path):
+    """MLflow 3 sends usage telemetry (and fetches its settings from the internet) from every
+    process that imports it, unless it sees CI; a run's tracking resolves no host at all (the
+    store here is a file), outside the test environment too."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in _CI_MARKERS and not k.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-c", OFFLINE_PROBE, f"sqlite:///{tmp_path}/m.db"], cwd=ROOT,
+                          env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
