@@ -11,5 +11,9 @@
 #   .venv/bin/python -m pytest -n 2 -m "not slow and not slurm and not browser"
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Bytecode is cached during the run even where the environment turns that off: pytest then
+# rewrites each test module's asserts once, not once in every worker (collection 6.3 -> 3.8 CPU-s a
+# process), and every launch.py, tracking process and Slurm task reuses the project's bytecode.
+unset PYTHONDONTWRITEBYTECODE
 if [[ -f scripts/setup.sh ]]; then bash scripts/setup.sh; fi
 exec .venv/bin/python -m pytest -n "${MARIN_TEST_WORKERS:-3}" "$@"
