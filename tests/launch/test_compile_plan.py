@@ -24,6 +24,7 @@ TINY = ("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "hardware.mesh.
         "model.offload_carry=true", "model.remat=full", "hardware.memory_per_device_gib=1.0")
 
 
+@pytest.mark.slow
 def test_tiny_compile_plan_reports_memory_host_bytes_and_fit():
     done = launch(*TINY, "dry_run=compile_json")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -110,6 +111,7 @@ def test_offload_without_host_memory_is_one_clear_line():
     assert why.startswith("optim.offload:") and "pinned_host" in why
 
 
+@pytest.mark.slow
 def test_ragged_on_cpu_compiles_a_stand_in_and_says_so_in_one_line():
     """XLA:CPU lowers ragged_all_to_all but cannot compile it: the real step is lowered (its
     ragged collectives counted), the figures are a same-buffers stand-in's, one note says so."""

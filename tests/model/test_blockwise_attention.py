@@ -80,6 +80,7 @@ def test_layer_matches_reference_with_xsa_gate_gqa_and_rope(monkeypatch):
             np.testing.assert_allclose(got, ref, **TOL, err_msg=f"is_global={is_global} {jax.tree_util.keystr(path)}")
 
 
+@pytest.mark.slow
 def test_tiny_model_loss_and_gradients_match_reference(monkeypatch):
     monkeypatch.setattr(bw, "BLOCK", BLOCK)
     seq = 21

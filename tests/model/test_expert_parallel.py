@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from marin.model.mesh import make_mesh
 from marin.model.moe import MoE
@@ -51,6 +52,7 @@ def compare(router: str) -> dict:
             "devices": jax.device_count()}
 
 
+@pytest.mark.slow
 def test_expert_parallel_layer_matches_single_device():
     env = subprocess_env(8)
     proc = subprocess.run([sys.executable, "-m", "tests.model.test_expert_parallel", "qb", "softmax_aux"],

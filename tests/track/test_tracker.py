@@ -207,6 +207,7 @@ def test_a_frozen_server_never_stalls_the_caller(configure, store):
     assert _status(store, real) == "FINISHED"
 
 
+@pytest.mark.slow
 def test_a_killed_process_leaves_its_run_failed(configure, store):
     """SIGKILL gives no chance to end the run: the tracking process (marin.track.worker) ends it
     FAILED; also after a SIGTERM to the whole process group (which the trainer answers and the

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from marin.optim import build_optimizer
@@ -87,6 +88,7 @@ def compare() -> dict:
             "one_muonh": one_m, "eight_muonh": eight_m, "masters_on_host": masters}
 
 
+@pytest.mark.slow
 def test_eight_devices_with_fsdp_and_offload_match_one_device(tmp_path):
     env = subprocess_env(8, MARIN_TEST_OUT=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "tests.train.test_layout"], cwd=ROOT, env=env,

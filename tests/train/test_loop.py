@@ -51,6 +51,7 @@ def test_loss_falls_and_run_is_tracked(tmp_path, capsys):
     assert math.isfinite(summary["loss"])
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
     from marin.train.components import NonFiniteLoss
     from marin.train.loop import train

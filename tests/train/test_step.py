@@ -33,6 +33,7 @@ def run_steps(cfg, steps, batch):
     return state, losses
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
     whole = make_config(*SMALL)
     split = make_config(*SMALL, "train.micro_batch=2")
