@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
+import signal
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +42,34 @@ def compose_dict(*overrides: str):
 def make_config(*overrides: str):
     """The resolved `Config` for these overrides (validation included), memoised."""
     return _memoised(("resolved", overrides), lambda: load(compose_dict(*overrides))[1])
+
+
+def launch_here(*overrides: str) -> int:
+    """`python launch.py <overrides>` run in this process instead: composed as launch.py composes
+    them, then launch.py's dispatch. Its exit status (0 when it returns). For a test that checks
+    what a command says or leaves: no new interpreter to import JAX, MLflow and Hydra into (about
+    a second of CPU each), and a run it trains compiles once per worker. What only a process shows
+    (Hydra's own errors, the exit status the shell sees) stays with subprocess tests."""
+    from marin.launch.entry import dispatch
+
+    with signals_kept():
+        try:
+            dispatch(compose_dict(*overrides), list(overrides))
+        except SystemExit as end:
+            return 0 if end.code is None else end.code
+    return 0
+
+
+@contextmanager
+def signals_kept():
+    """For training in a test's process: the handlers the trainer installs for preemption, stop
+    and checkpoint signals are put back afterwards (pytest's own, for Ctrl-C)."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
 
 
 @contextmanager

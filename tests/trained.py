@@ -2,7 +2,7 @@
 trained once per test session (4 steps, a checkpoint at the end), in its own MLflow store."""
 from __future__ import annotations
 
-from tests.helpers import compose_dict, new_store
+from tests.helpers import compose_dict, new_store, signals_kept
 
 TINY_RUN = ["model=tiny", "train.seq_len=32", "train.global_batch=4", "train.steps=4", "train.eval_every=0",
             "train.eval_batches=1", "optim.lr=1e-2"]
@@ -48,8 +48,6 @@ def forkable_run(tmp_path_factory):
     """A tiny run trained in-process to step 6 with checkpoints at 3 and 6 (in its own sqlite store),
     shared read-only by the fork, lineage and A/B tests: a fork at 3 must repeat its steps 4…6."""
     if "forkable" not in _made:
-        import signal
-
         from marin.launch.checks import load
         from marin.track import record
         from marin.train.loop import train
@@ -58,10 +56,8 @@ def forkable_run(tmp_path_factory):
         overrides = [*FORKABLE, f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
         composed, cfg = load(compose_dict(*overrides))
         rec = record.create(composed, cfg, overrides)
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-        train(cfg, rec)
-        for s, h in handlers.items():  # the trainer's preemption handlers stay with the trainer
-            signal.signal(s, h)
+        with signals_kept():
+            train(cfg, rec)
         _detach_run_logs()  # as if it had run in its own process: later lines are not its run.log's
         _made["forkable"] = rec
     return _made["forkable"]
@@ -72,18 +68,14 @@ def fork_of(tmp_path_factory, *overrides: str):
     distinct overrides (marin.launch.fork, as `launch.py fork=<run>@3 …` runs it)."""
     key = ("fork", overrides)
     if key not in _made:
-        import signal
-
         from omegaconf import OmegaConf
 
         from marin.launch.fork import fork
 
         parent = forkable_run(tmp_path_factory)
         spec = f"{parent.run_dir}@3"
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-        _made[key] = fork(OmegaConf.create({"fork": spec, "dry_run": False}), [f"fork={spec}", *overrides])
-        for s, h in handlers.items():
-            signal.signal(s, h)
+        with signals_kept():
+            _made[key] = fork(OmegaConf.create({"fork": spec, "dry_run": False}), [f"fork={spec}", *overrides])
         _detach_run_logs()
     return _made[key]
 

@@ -42,9 +42,11 @@ def overrides() -> list[str]:
         return []
 
 
-def dispatch(cfg: DictConfig) -> None:
+def dispatch(cfg: DictConfig, job_overrides: list[str] | None = None) -> None:
+    """Run the composed `cfg`; `job_overrides`: its command line's overrides (by default Hydra's,
+    under launch.py; a caller that composed with marin.config.store.compose passes its own)."""
     try:
-        _guarded(cfg)
+        _guarded(cfg, overrides() if job_overrides is None else job_overrides)
         sys.stdout.flush()  # a closed pipe shows here, not in Python's exit-time flush
     except BrokenPipeError:
         # The reader went away (`| head -1`): no traceback, and no second error when Python
@@ -65,9 +67,8 @@ def keep_run_references(cfg: DictConfig, job_overrides: list[str]) -> None:
             OmegaConf.update(cfg, key.lstrip("+"), value, merge=False)
 
 
-def _guarded(cfg: DictConfig) -> None:
+def _guarded(cfg: DictConfig, job_overrides: list[str]) -> None:
     setup_logging()
-    job_overrides = overrides()
     keep_run_references(cfg, job_overrides)
     if HydraConfig.initialized():  # under @hydra.main (tests compose with marin.config.store.compose)
         name_options(cfg, HydraConfig.get().runtime.choices)

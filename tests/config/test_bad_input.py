@@ -1,8 +1,10 @@
 """Bad input: one clear message naming the field, a non-zero exit, no traceback, nothing written.
 
-These run `launch.py` as a user would, in an empty working directory with the output folder
-pointed inside it, and then check that the directory is still empty (Hydra's own output folder
-included) and that no MLflow store was created.
+Hydra's own refusals (an unknown option or key) and a few of marin's run `launch.py` as a user
+would, in an empty working directory with the output folder pointed inside it, and then check
+that the directory is still empty (Hydra's own output folder included) and that no MLflow store
+was created. The rest of marin's refusals check the same in this process (`launch_here`: launch.py's
+composition and dispatch, without a new interpreter for each).
 """
 import os
 import subprocess
@@ -11,33 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import launch_here
+
 ROOT = Path(__file__).resolve().parents[2]
 
-CASES = [
-    # (overrides, text that must appear in the message)
+# (overrides, text that must appear in the message)
+HYDRA = [  # refused while Hydra composes: launch.py turns Hydra's exit 1 into bad input's 2
     (["model=nope"], "model/nope"),
     (["hardware=nope"], "hardware/nope"),
     (["experiment=nope"], "experiment/nope"),
     (["model.hiden=3"], "hiden"),
-    (["train.steps=abc"], "train.steps"),
-    (["attention.num_heads=7"], "attention.num_heads"),
-    (["attention.impl=flash"], "attention.impl"),
-    (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
-    (["router.top_k=9"], "router.top_k"),
-    (["model.num_experts=0"], "model.num_experts"),
-    (["optim.lr=-0.1"], "optim.lr"),
-    (["optim.decay=[{pattern: attn/gate, value: 0.1}, {pattern: nope, value: 0.1}]"], "optim.decay[1].pattern"),
-    (["optim.ns_dtype=float16"], "optim.ns_dtype"),
-    (["optim=muonh", "optim.offload=true", "optim.grad_clip=1.0"], "optim.grad_clip"),
-    (["run.name=../../escaped"], "run.name: must be a plain folder name"),
-    (["data.sources.0.weights=[0]", "data.sources.1.weights=[0]"], "all zero"),
-    (["data.sources.0.kind=text", "data.sources.0.paths=[/nonexistent/corpus.txt]"], "data.sources[0]"),
 ]
 
-
-# Refused by marin itself: exactly one line on stderr, exit status 2 (every numeric leaf is
-# walked in-process by test_numeric_leaves.py; these prove the command-line behaviour). Each is
-# tiny and one step, or a dry run, so that code which wrongly accepts it fails fast.
+# Refused by marin itself: exactly one line on stderr, `error: ...`, exit status 2 (every numeric
+# leaf is walked in-process by test_numeric_leaves.py; these prove the command-line behaviour).
+# Each is tiny and one step, or a dry run, so that code which wrongly accepts it fails fast.
 ONE_LINE = [
     (["model.capacity_factor=nan"], "model.capacity_factor"),
     (["model.num_experts=1000000000", "router=softmax_aux", "dry_run=true"], "model.num_experts"),
@@ -50,7 +40,22 @@ ONE_LINE = [
     # run.name: a safe set of characters (it names a folder, a Slurm job and printed commands)
     (["run.name='q$(touch x)'"], "run.name: must be a plain folder name"),
     (["run.name=."], "run.name: must be a plain folder name"),
+    (["run.name=../../escaped"], "run.name: must be a plain folder name"),
+    (["train.steps=abc"], "train.steps"),
+    (["attention.num_heads=7"], "attention.num_heads"),
+    (["attention.impl=flash"], "attention.impl"),
+    (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
+    (["router.top_k=9"], "router.top_k"),
+    (["model.num_experts=0"], "model.num_experts"),
+    (["optim.lr=-0.1"], "optim.lr"),
+    (["optim.decay=[{pattern: attn/gate, value: 0.1}, {pattern: nope, value: 0.1}]"], "optim.decay[1].pattern"),
+    (["optim.ns_dtype=float16"], "optim.ns_dtype"),
+    (["optim=muonh", "optim.offload=true", "optim.grad_clip=1.0"], "optim.grad_clip"),
+    (["data.sources.0.weights=[0]", "data.sources.1.weights=[0]"], "all zero"),
+    (["data.sources.0.kind=text", "data.sources.0.paths=[/nonexistent/corpus.txt]"], "data.sources[0]"),
 ]
+# these also as a user's process: the status the shell sees, Hydra's output folder never made
+IN_A_PROCESS = {"model.capacity_factor=nan", "run.name='q$(touch x)'", "optim.lr=-0.1"}
 
 
 def _launch(tmp_path, *overrides, **kwargs):
@@ -61,45 +66,58 @@ def _launch(tmp_path, *overrides, **kwargs):
                           text=True, timeout=120, **streams)
 
 
+def _assert_one_line(code: int, err: str, needle: str) -> None:
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err, err
+
+
 @pytest.mark.parametrize("overrides,needle", ONE_LINE, ids=[" ".join(c[0]) for c in ONE_LINE])
-def test_bad_value_is_one_line_exit_2_nothing_written(tmp_path, overrides, needle):
-    proc = _launch(tmp_path, "model=tiny", "train.steps=1", *overrides, f"run.out_dir={tmp_path / 'out'}")
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and needle in proc.stderr, proc.stderr
+def test_bad_value_is_one_line_exit_2_nothing_written(tmp_path, monkeypatch, capsys, overrides, needle):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = launch_here("model=tiny", "train.steps=1", *overrides, f"run.out_dir={tmp_path / 'out'}")
+    _assert_one_line(code, capsys.readouterr().err, needle)
     assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
+    if " ".join(overrides) in IN_A_PROCESS:
+        proc = _launch(tmp_path, "model=tiny", "train.steps=1", *overrides, f"run.out_dir={tmp_path / 'out'}")
+        _assert_one_line(proc.returncode, proc.stderr, needle)
+        assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
 
 
-@pytest.mark.parametrize("overrides,needle", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_input_is_rejected_before_anything_is_written(tmp_path, overrides, needle):
+@pytest.mark.parametrize("overrides,needle", HYDRA, ids=[" ".join(c[0]) for c in HYDRA])
+def test_unknown_option_or_key_is_refused_before_anything_is_written(tmp_path, overrides, needle):
     proc = _launch(tmp_path, *overrides, f"run.out_dir={tmp_path / 'out'}")
-    assert proc.returncode == 2, proc.stderr  # Hydra's composition errors too (launch.py)
+    assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == [], "something was written before validation failed"
 
 
-def _one_line(proc, needle):
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith("[")]  # log lines: "[time name]"
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+def _one_line(code: int, err: str, needle: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if not line.startswith("[")]  # log lines: "[time name]"
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert "Traceback" not in err
 
 
-def test_unwritable_out_dir_and_unreachable_store_are_one_line(tmp_path):
+def test_unwritable_out_dir_and_unreachable_store_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
-    _one_line(_launch(tmp_path, "model=tiny", f"run.out_dir={tmp_path / 'afile' / 'out'}"), "run.out_dir")
-    _one_line(_launch(tmp_path, "model=tiny", f"run.out_dir={tmp_path / 'out'}", "tracking.uri=http://127.0.0.1:9"),
-              "tracking.uri")
+    _one_line(launch_here("model=tiny", f"run.out_dir={tmp_path / 'afile' / 'out'}"), capsys.readouterr().err,
+              "run.out_dir")
+    _one_line(launch_here("model=tiny", f"run.out_dir={tmp_path / 'out'}", "tracking.uri=http://127.0.0.1:9"),
+              capsys.readouterr().err, "tracking.uri")
     assert [p.name for p in tmp_path.iterdir()] == ["afile"], "something was written"
 
 
 @pytest.mark.parametrize("key", ["resume", "reproduce"])
-def test_truncated_record_json_is_one_line(tmp_path, key):
+def test_truncated_record_json_is_one_line(tmp_path, monkeypatch, capsys, key):
+    monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     (run / "composed.yaml").write_text("model: {}\n")
     (run / "record.json").write_text('{"run_id": "abc", "tracking_')
-    _one_line(_launch(tmp_path, f"{key}={run}", f"run.out_dir={tmp_path / 'out'}"), "record.json")
+    _one_line(launch_here(f"{key}={run}", f"run.out_dir={tmp_path / 'out'}"), capsys.readouterr().err, "record.json")
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
 

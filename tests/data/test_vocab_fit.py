@@ -3,16 +3,12 @@ the tokenizer's ids up to those ids rounded up to a multiple of 128, plus 128; m
 data.allow_vocab_mismatch=true. The hero needs the site's tokenizer (Marin's, 128,256 ids)."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from marin.config.paths import PROJECT_ROOT
 from marin.config.validate import ConfigError
 from marin.data.tokenizers import ByteTokenizer, check_vocab, load_tokenizer, vocab_range
 from tests.data.mixtures import resolved, write_jsonl
-from tests.helpers import make_config
+from tests.helpers import launch_here, make_config
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +101,7 @@ def test_the_hero_with_a_128256_tokenizer_fits(tmp_path):
                 make_config(*overrides)
 
 
-def test_launch_refuses_in_one_line_with_exit_2():
-    result = subprocess.run([sys.executable, "launch.py", "experiment=mochi_535b_a23b", "dry_run=true",
-                             "data.tokenizer=byte"], capture_output=True, text=True, cwd=PROJECT_ROOT,
-                            timeout=300)
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.strip().splitlines() if "data.tokenizer" in line]
+def test_launch_refuses_in_one_line_with_exit_2(capsys):
+    assert launch_here("experiment=mochi_535b_a23b", "dry_run=true", "data.tokenizer=byte") == 2
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if "data.tokenizer" in line]
     assert len(lines) == 1 and "data.allow_vocab_mismatch=true" in lines[0]

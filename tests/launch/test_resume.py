@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import new_store
+from tests.helpers import new_store, signals_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "train.steps=16", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
@@ -85,8 +85,6 @@ def test_slurm_run_resumes_in_the_same_directory(tmp_path, tracking_uri):
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """A tiny run trained in-process to step 6 of 16 (checkpoints 3 and 6), shared read-only."""
-    import signal
-
     from marin.launch.checks import load
     from marin.track import record
     from marin.train.loop import train
@@ -96,10 +94,8 @@ def stopped_run(tmp_path_factory):
     overrides = [*TINY, "train.stop_after=6", f"run.out_dir={tmp}", f"tracking.uri={new_store(tmp)}"]
     composed, resolved = load(compose_dict(*overrides))
     rec = record.create(composed, resolved, overrides)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-    train(resolved, rec)
-    for s, h in handlers.items():
-        signal.signal(s, h)
+    with signals_kept():
+        train(resolved, rec)
     return rec
 
 

@@ -11,7 +11,7 @@ import pytest
 from marin.launch import slurm
 from marin.launch.distributed import check_gpu_install, process_environment
 from marin.model.mesh import MeshError, check_mesh
-from tests.helpers import make_config
+from tests.helpers import launch_here, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HERO = ["experiment=mochi_535b_a23b", "dry_run=true"]   # the published run
@@ -122,33 +122,35 @@ def test_config_rejects_a_mesh_that_is_not_the_device_count():
         make_config("hardware=slurm_cpu", "model=tiny", "model.num_experts=3", "router.top_k=1")
 
 
-def test_gpu_hardware_with_a_cpu_only_install_stops_before_anything_is_made(tmp_path):
+def test_gpu_hardware_with_a_cpu_only_install_stops_before_anything_is_made(tmp_path, capsys):
     cfg = make_config("hardware=h200_node", "model=small")
     if check_gpu_install(cfg.hardware) is None:
         pytest.skip("this Python has CUDA JAX")
-    done = launch("hardware=h200_node", "model=small", f"run.out_dir={tmp_path}",
-                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
-    assert done.returncode == 2
-    assert "CPU-only JAX" in done.stderr and "pip install" in done.stderr
+    code = launch_here("hardware=h200_node", "model=small", f"run.out_dir={tmp_path}",
+                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "CPU-only JAX" in err and "pip install" in err
     assert not (tmp_path / "runs").exists()
 
 
-def test_unreachable_tracking_server_stops_before_submitting(tmp_path):
-    done = launch("hardware=slurm_cpu", "model=tiny", f"run.out_dir={tmp_path}", "tracking.uri=http://127.0.0.1:9")
-    assert done.returncode == 2
-    assert "not reachable" in done.stderr and "nothing was submitted" in done.stderr
-    assert "slurm job:" not in done.stdout
+def test_unreachable_tracking_server_stops_before_submitting(tmp_path, capsys):
+    code = launch_here("hardware=slurm_cpu", "model=tiny", f"run.out_dir={tmp_path}", "tracking.uri=http://127.0.0.1:9")
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "not reachable" in err and "nothing was submitted" in err
+    assert "slurm job:" not in out
     assert not list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else True
 
 
-def test_resume_of_a_run_that_does_not_exist(tmp_path):
-    done = launch(f"resume={tmp_path}/runs/nope", f"run.out_dir={tmp_path}")
-    assert done.returncode == 2
-    assert "resume:" in done.stderr and "no such run directory" in done.stderr
-    done = launch("resume=0123456789abcdef0123456789abcdef", f"run.out_dir={tmp_path}",
-                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
-    assert done.returncode == 2
-    assert "resume: 0123456789abcdef0123456789abcdef" in done.stderr and "Traceback" not in done.stderr
+def test_resume_of_a_run_that_does_not_exist(tmp_path, capsys):
+    assert launch_here(f"resume={tmp_path}/runs/nope", f"run.out_dir={tmp_path}") == 2
+    err = capsys.readouterr().err
+    assert "resume:" in err and "no such run directory" in err
+    assert launch_here("resume=0123456789abcdef0123456789abcdef", f"run.out_dir={tmp_path}",
+                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db") == 2
+    err = capsys.readouterr().err
+    assert "resume: 0123456789abcdef0123456789abcdef" in err and "Traceback" not in err
 
 
 def test_submitted_job_gets_a_clean_environment(monkeypatch):
@@ -202,14 +204,15 @@ def test_segment_nodes_must_divide_the_jobs_nodes():
         "hardware.segment_nodes=12 must divide the job's 16 nodes (hardware.racks × hardware.nodes)")
 
 
-def test_this_clusters_older_slurm_refuses_two_segments_before_anything_is_made(tmp_path):
+def test_this_clusters_older_slurm_refuses_two_segments_before_anything_is_made(tmp_path, capsys):
     version = slurm.slurm_version()
     if version is None or version >= slurm.SEGMENT_SINCE:
         pytest.skip(f"needs an sbatch older than 24.05 here (found {version})")
     two_racks = ["hardware=slurm_cpu", "model=tiny", "hardware.racks=2", "hardware.mesh.replica_dcn=2",
                  "hardware.segment_nodes=1"]
-    done = launch(*two_racks, f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.strip() == f"error: {slurm.placement_problem(make_config(*two_racks), version)}"
-    assert f"hardware.segment_nodes=1: Slurm {version[0]}.{version[1]:02d} has no --segment" in done.stderr
+    code = launch_here(*two_racks, f"run.out_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.strip() == f"error: {slurm.placement_problem(make_config(*two_racks), version)}"
+    assert f"hardware.segment_nodes=1: Slurm {version[0]}.{version[1]:02d} has no --segment" in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()

@@ -9,7 +9,6 @@ The expert-parallel cases run this module as a subprocess (`python -m tests.mode
 ep`) with XLA_FLAGS forcing host devices, as in test_expert_parallel.py.
 """
 import json
-import os
 import subprocess
 import sys
 from functools import partial
@@ -23,7 +22,7 @@ import pytest
 from marin.config.validate import ConfigError
 from marin.model import dispatch
 from marin.model.dispatch import ExpertWeights
-from tests.helpers import make_config, new_store, subprocess_env
+from tests.helpers import launch_here, make_config, new_store, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 L, I = 16, 24   # latent, expert width
@@ -325,19 +324,19 @@ def test_bad_transport_settings_name_their_field(override, field):
     assert [p[0] for p in err.value.problems] == [field]
 
 
-def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path):
+def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="model.ep_transport"):
         make_config("model.ep_transport=ragged")
     make_config("model.ep_transport=ragged", "dry_run=true")              # planning a GPU run from here
     make_config("model.ep_transport=ragged", "hardware=h200_node")        # a GPU run
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "model.ep_transport=ragged",
-                           f"run.out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert [line for line in proc.stderr.splitlines() if "ep_transport" in line] == [
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = launch_here("model.ep_transport=ragged", f"run.out_dir={tmp_path / 'out'}")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert [line for line in err.splitlines() if "ep_transport" in line] == [
         "error: invalid config: model.ep_transport: ragged needs a GPU (XLA:CPU cannot compile or run ragged_all_to_all): "
-        "use fixed or pooled on CPU, or dry_run=true to plan"], proc.stderr
+        "use fixed or pooled on CPU, or dry_run=true to plan"], err
     assert list(tmp_path.iterdir()) == []
 
 

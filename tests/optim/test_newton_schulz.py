@@ -1,7 +1,4 @@
 """`optim.ns_coefficients`: the simple triple and the published quintic schedule (spec §8)."""
-import subprocess
-import sys
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +6,7 @@ import pytest
 
 from marin.config.validate import ConfigError
 from marin.optim.muonh import orthogonalize
-from tests.helpers import make_config
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import launch_here, make_config
 
 # Typed in from spec §8, not read from the code under test.
 PUBLISHED = {
@@ -67,11 +62,9 @@ def test_bad_coefficients_are_refused_naming_the_field(overrides, text):
     assert "optim.ns_coefficients" in str(err.value) and text in str(err.value)
 
 
-def test_launch_refuses_a_wrong_length_with_one_line(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "optim=muonh", "dry_run=true",
-                           "optim.ns_coefficients=[[1,2,3]]", f"run.out_dir={tmp_path}/out"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "optim.ns_coefficients: needs one [a, b, c] triple" in lines[0], proc.stderr
+def test_launch_refuses_a_wrong_length_with_one_line(tmp_path, capsys):
+    code = launch_here("optim=muonh", "dry_run=true", "optim.ns_coefficients=[[1,2,3]]", f"run.out_dir={tmp_path}/out")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "optim.ns_coefficients: needs one [a, b, c] triple" in lines[0], err

@@ -1,7 +1,6 @@
 """A pre-registered forecast: `marin.forecast --register` writes it, validation ties it to its
 target, and a run checks itself against it at each 5% of training."""
 import math
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -14,7 +13,7 @@ from marin.config.validate import ConfigError
 from marin.launch.checks import load
 from marin.model import accounting
 from marin.track import forecast_check, record
-from tests.helpers import compose_dict, make_config
+from tests.helpers import compose_dict, launch_here, make_config
 from tests.track.test_forecast import _ladder
 
 TARGET = "ladder_cpu_d160"
@@ -116,15 +115,15 @@ def test_validation_ties_the_file_to_its_target(tmp_path):
         load(compose_dict(f"experiment={TARGET}", f"forecast.registered={tmp_path / 'bad.yaml'}"))
 
 
-def test_a_mismatched_file_stops_the_launch_before_anything_is_written(tmp_path):
+def test_a_mismatched_file_stops_the_launch_before_anything_is_written(tmp_path, capsys):
     cfg = make_config(f"experiment={TARGET}")
     path = _registered(tmp_path / "f.yaml", cfg, [_point(1.0, 3.0, 0.1)])
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "launch.py", "model=tiny", f"forecast.registered={path}",
-                           f"run.out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
-                          cwd=forecast.Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert "forecast.registered:" in done.stderr and "this run is experiment None" in done.stderr
+    code = launch_here("model=tiny", f"forecast.registered={path}", f"run.out_dir={out}",
+                       f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "forecast.registered:" in err and "this run is experiment None" in err
     assert not out.exists() and not (tmp_path / "m.db").exists()
 
 

@@ -4,12 +4,11 @@ One tiny original run (6 steps, checkpoints at 2, 4, 6) is shared by every test;
 in this process through launch.py's dispatch, so JAX compiles once."""
 import json
 import shutil
-import signal
 
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import compose_dict, new_store
+from tests.helpers import compose_dict, launch_here, new_store, signals_kept
 
 TINY = ["model=tiny", "train.steps=6", "train.seq_len=32", "train.global_batch=4", "train.eval_every=3",
         "train.eval_batches=1", "train.checkpoint.every_steps=2", "train.checkpoint.keep_last=0",
@@ -26,29 +25,9 @@ def original(tmp_path_factory):
     site = [f"run.out_dir={tmp}", f"tracking.uri={new_store(tmp)}"]
     composed, resolved = load(compose_dict(*TINY, *site))
     rec = record.create(composed, resolved, TINY + site)
-    with _signals_kept():
+    with signals_kept():
         train(resolved, rec)
     return rec, site, tmp
-
-
-class _signals_kept:
-    """The loop installs its preemption handlers; give pytest its own back."""
-
-    def __enter__(self):
-        self.saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-
-    def __exit__(self, *exc):
-        for s, h in self.saved.items():
-            signal.signal(s, h)
-
-
-def launch(*overrides: str) -> int:
-    """launch.py's dispatch of `overrides` in this process; its exit status."""
-    from marin.launch.entry import _dispatch
-
-    with _signals_kept(), pytest.raises(SystemExit) as end:
-        _dispatch(compose_dict(*overrides), list(overrides))
-    return end.value.code
 
 
 def runs(tmp):
@@ -64,7 +43,7 @@ def replay_of(tmp, before):
 def test_untouched_run_verifies_identical(original, capsys):
     rec, site, tmp = original
     before = runs(tmp)
-    assert launch(f"reproduce={rec.run_dir}", "verify=true", *site) == 0
+    assert launch_here(f"reproduce={rec.run_dir}", "verify=true", *site) == 0
     out = capsys.readouterr().out
     assert "verify: identical (bit for bit)" in out and "steps 1–6" in out, out
     replay = replay_of(tmp, before)
@@ -85,7 +64,7 @@ def test_window_starts_from_the_checkpoint_below_it(original, capsys, caplog):
     rec, site, tmp = original
     before = runs(tmp)
     with caplog.at_level("INFO", logger="marin.train"):
-        assert launch(f"reproduce={rec.run_id}", "verify=true", "verify_steps=3:5", *site) == 0
+        assert launch_here(f"reproduce={rec.run_id}", "verify=true", "verify_steps=3:5", *site) == 0
     assert f"init from {rec.run_dir} step 2 (asked 2)" in caplog.text
     assert "identical" in capsys.readouterr().out
     replay = replay_of(tmp, before)
@@ -97,7 +76,7 @@ def test_window_starts_from_the_checkpoint_below_it(original, capsys, caplog):
 def test_a_changed_data_seed_diverges_at_the_first_step_it_touches(original, capsys):
     rec, site, tmp = original
     # The window restores checkpoint 4 (identical state); seed 6 draws other batches from step 4.
-    assert launch(f"reproduce={rec.run_dir}", "verify=true", "verify_steps=4:6", "train.seed=6", *site) == 1
+    assert launch_here(f"reproduce={rec.run_dir}", "verify=true", "verify_steps=4:6", "train.seed=6", *site) == 1
     out = capsys.readouterr().out
     first = out.splitlines()[0]
     assert first.startswith("verify: first divergence at step 4: train/"), out
@@ -124,7 +103,7 @@ def test_copied_run_directory_is_verified_against_its_metrics_file(original, cap
             nudged = row["value"]
     (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    assert launch(f"reproduce={copy}", "verify=true", "verify_steps=4:6", *site) == 1
+    assert launch_here(f"reproduce={copy}", "verify=true", "verify_steps=4:6", *site) == 1
     out = capsys.readouterr().out
     assert out.startswith(f"verify: first divergence at step 5: train/loss = {nudged!r} recorded vs "), out
     assert str(copy / "metrics.jsonl") in out.splitlines()[0]
@@ -133,15 +112,11 @@ def test_copied_run_directory_is_verified_against_its_metrics_file(original, cap
 def test_a_replay_is_named_after_its_original(original, capsys):
     """reproduce= and verify=true make runs of their own, named `<name>-reproduce` and
     `<name>-verify` (run.name= names one as asked), so the original's name still names it alone."""
-    from marin.launch.entry import _dispatch
-
     rec, site, tmp = original
     for args, name in [((f"reproduce={rec.run_dir}",), "default-reproduce"),
                        ((f"reproduce={rec.run_dir}", "verify=true"), "default-verify"),
                        ((f"reproduce={rec.run_dir}", "run.name=mine"), "mine")]:
-        overrides = [*args, "dry_run=true", *site]
-        with _signals_kept():
-            _dispatch(compose_dict(*overrides), overrides)
+        assert launch_here(*args, "dry_run=true", *site) == 0
         assert f"run {name}" in capsys.readouterr().out, args
 
 
@@ -181,7 +156,7 @@ def test_bad_input_is_one_line_and_writes_nothing(original, capsys, args, field)
     rec, site, tmp = original
     ref = [] if field == "verify" and not args else [f"reproduce={rec.run_dir}"]
     before, mlflow_runs = runs(tmp), len(MlflowClient(rec.tracking_uri).search_runs([_experiment(rec)]))
-    assert launch(*ref, "verify=true", *args, *site) == 2
+    assert launch_here(*ref, "verify=true", *args, *site) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: {field}: ") and len([e for e in err if e.startswith("error")]) == 1
     assert runs(tmp) == before
@@ -195,10 +170,10 @@ def _experiment(rec):
 def test_init_from_a_step_is_checked_before_anything_is_written(original, capsys):
     rec, site, tmp = original
     before = runs(tmp)
-    assert launch(*TINY, f"train.init_from={rec.run_dir}@1", *site) == 2
+    assert launch_here(*TINY, f"train.init_from={rec.run_dir}@1", *site) == 2
     err = capsys.readouterr().err
     assert "train.init_from: step 1 is below the first checkpoint" in err and "checkpoints: 2, 4, 6" in err
-    assert launch(*TINY, f"train.init_from={rec.run_dir}@half", *site) == 2
+    assert launch_here(*TINY, f"train.init_from={rec.run_dir}@half", *site) == 2
     assert "train.init_from: the step after '@' must be a whole number" in capsys.readouterr().err
     assert runs(tmp) == before
 

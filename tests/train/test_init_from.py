@@ -8,7 +8,7 @@ import json
 import pytest
 
 from marin.launch.checks import load
-from tests.helpers import compose_dict
+from tests.helpers import compose_dict, launch_here
 from tests.trained import TINY_RUN, tiny_run
 
 
@@ -61,15 +61,6 @@ def test_weights_mode_trains_train_steps_from_step_0_with_the_sources_weights(tm
     assert json.loads((rec.run_dir / "record.json").read_text())["init_from"]["mode"] == "weights"
 
 
-def _launch(*overrides: str):
-    """launch.py's dispatch of `overrides` in this process; its exit status."""
-    from marin.launch.entry import _dispatch
-
-    with pytest.raises(SystemExit) as end:
-        _dispatch(compose_dict(*overrides), list(overrides))
-    return end.value.code
-
-
 @pytest.mark.parametrize("extra, field", [
     (("train.steps=4",), "train.steps"),                         # the restored step itself: nothing to train
     (("train.steps=8", "train.stop_after=3"), "train.stop_after"),
@@ -78,8 +69,8 @@ def test_continue_mode_refuses_a_run_that_ends_at_or_before_the_restored_step(tm
                                                                                extra, field):
     source, _ = tiny_run(tmp_path_factory)
     capsys.readouterr()  # the source run's own output (it tokenizes on a fresh clone)
-    code = _launch(*TINY_RUN, f"run.out_dir={tmp_path}", f"tracking.uri={source.tracking_uri}",
-                   f"train.init_from={source.run_dir}", "train.init_from_mode=continue", *extra)
+    code = launch_here(*TINY_RUN, f"run.out_dir={tmp_path}", f"tracking.uri={source.tracking_uri}",
+                       f"train.init_from={source.run_dir}", "train.init_from_mode=continue", *extra)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: invalid config: {field}: must be above step 4") and "init_from_mode=weights" in err[0]
@@ -99,8 +90,8 @@ def test_a_model_the_checkpoint_does_not_fit_is_refused_before_anything_is_writt
 
     runs_before = runs()
     capsys.readouterr()  # the source run's own output (it tokenizes on a fresh clone)
-    code = _launch(*TINY_RUN, "model.num_layers=3", f"run.out_dir={tmp_path}", f"tracking.uri={source.tracking_uri}",
-                   f"train.init_from={source.run_dir}", *where)
+    code = launch_here(*TINY_RUN, "model.num_layers=3", f"run.out_dir={tmp_path}",
+                       f"tracking.uri={source.tracking_uri}", f"train.init_from={source.run_dir}", *where)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("error: train.init_from: checkpoint ") and "does not fit" in err[0]

@@ -4,12 +4,10 @@ B's weights apply from step 10, and the switch is an MLflow tag with its step. A
 onto B (the hero's step-108,000 cutover, README) continues from the same positions."""
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 import pytest
 
-from tests.helpers import new_store
+from tests.helpers import new_store, signals_kept
 
 TINY = ["model=tiny", "train.steps=20", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1", "train.checkpoint.every_steps=5", "train.checkpoint.keep_last=10"]
@@ -39,8 +37,7 @@ def test_resume_on_another_mixture_keeps_every_read_position(tmp_path):
     overrides = [*TINY, "train.stop_after=10", f"run.out_dir={tmp_path}", f"tracking.uri={new_store(tmp_path)}"]
     composed, on_a = load(compose_dict(*overrides))
     rec = record.create(composed, on_a, overrides)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-    try:
+    with signals_kept():
         train(on_a, rec)
         resume([f"resume={rec.run_dir}", *B_MIX])
         from omegaconf import OmegaConf
@@ -49,9 +46,6 @@ def test_resume_on_another_mixture_keeps_every_read_position(tmp_path):
 
         spec = f"{rec.run_dir}@10"
         forked = fork(OmegaConf.create({"fork": spec}), [f"fork={spec}", *B_MIX])
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
 
     at_swap, at_end = _saved_meta(rec.run_dir, 10), _saved_meta(rec.run_dir, 20)
     tags = MlflowClient(rec.tracking_uri).get_run(rec.run_id).data.tags
