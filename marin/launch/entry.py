@@ -38,7 +38,7 @@ def overrides() -> list[str]:
     """The command-line overrides of this job (for the run record and reproduction)."""
     try:
         return list(HydraConfig.get().overrides.task)
-    except ValueError:  # not under @hydra.main (tests calling dispatch directly)
+    except ValueError:  # not under @hydra.main
         return []
 
 
