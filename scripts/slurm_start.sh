@@ -28,7 +28,10 @@ if [[ $SLURM_INSTALL == 1 ]]; then
   [[ $SLURM_AUTH == munge ]] && pkgs+=(munge)
   [[ $SLURM_DBD == 1 ]] && pkgs+=(slurmdbd mariadb-server)
   missing=()
-  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  # installed = dpkg's "ii"; `dpkg -s` also succeeds for a package removed but not purged (only
+  # its config files left), whose daemon is then missing
+  installed() { [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null) == ii* ]]; }
+  for p in "${pkgs[@]}"; do installed "$p" || missing+=("$p"); done
   if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
