@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import new_store, signals_kept
+from tests.helpers import launch_here, new_store, signals_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "train.steps=16", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
@@ -28,19 +28,21 @@ def run_dir_of(done) -> Path:
 
 
 @pytest.mark.slow
-def test_stopped_local_run_resumes_with_a_shortened_horizon(tmp_path):
+def test_stopped_local_run_resumes_with_a_shortened_horizon(tmp_path, capsys):
     from mlflow import MlflowClient
 
     uri = new_store(tmp_path)
-    first = launch(*TINY, "train.stop_after=6", f"run.out_dir={tmp_path}", f"tracking.uri={uri}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = run_dir_of(first)
+    assert launch_here(*TINY, "train.stop_after=6", f"run.out_dir={tmp_path}", f"tracking.uri={uri}") == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
     run_id = json.loads((run_dir / "record.json").read_text())["run_id"]
 
-    dry = launch(f"resume={run_dir}", "schedule.horizon_steps=12", "dry_run=true")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    assert "newest checkpoint: step 6" in dry.stdout and "schedule.horizon_steps: None → 12" in dry.stdout
+    capsys.readouterr()
+    assert launch_here(f"resume={run_dir}", "schedule.horizon_steps=12", "dry_run=true") == 0
+    dry = capsys.readouterr().out
+    assert "newest checkpoint: step 6" in dry and "schedule.horizon_steps: None → 12" in dry
     assert "resumes" not in json.loads((run_dir / "record.json").read_text())  # a dry run changes nothing
+
+    # the resume as a user runs it, in a process of its own
 
     second = launch(f"resume={run_dir}", "train.stop_after=null", "schedule.horizon_steps=12")
     assert second.returncode == 0, second.stderr[-3000:]
