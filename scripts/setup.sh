@@ -17,9 +17,10 @@ echo "setting up .venv (one time, about a minute)..." >&2
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
 # --no-compile, then compileall on every core: pip byte-compiles what it installs on one core (about
-# 30 s here); the bytecode is written now because a PYTHONDONTWRITEBYTECODE environment never writes it later
+# 30 s here); the bytecode is written now because a PYTHONDONTWRITEBYTECODE environment never writes it later.
+# Not the packages' own test suites (a fifth of the source, never imported): 23 -> 15 s here
 .venv/bin/python -m pip install -q --no-compile -c constraints.txt -e ".[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
-.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
+.venv/bin/python -m compileall -q -j 0 -x '/tests/' "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
 .venv/bin/python -c "import jax, flax, optax, hydra, mlflow, submitit, orbax.checkpoint" \
   || { echo "setup failed: dependencies did not import" >&2; exit 1; }
 compile_project
