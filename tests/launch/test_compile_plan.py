@@ -85,13 +85,11 @@ def test_host_bytes_read_from_the_entry_layout():
                                             ("model.num_experts=6", "hardware.mesh.expert")])
 def test_bad_mesh_exits_2_with_one_line(override, field, capsys):
     """In process (launch.py's dispatch): the config is refused before any device is set up."""
-    from marin.launch.entry import dispatch
-    from tests.helpers import compose_dict
+    from tests.helpers import launch_here
 
-    with pytest.raises(SystemExit) as exit_:
-        dispatch(compose_dict("model=tiny", "hardware=local_cpu8", "dry_run=compile", override))
+    code = launch_here("model=tiny", "hardware=local_cpu8", "dry_run=compile", override)
     out = capsys.readouterr()
-    assert exit_.value.code == 2 and out.out == ""
+    assert code == 2 and out.out == ""
     assert field in out.err and "Traceback" not in out.err
 
 

@@ -6,7 +6,7 @@ from marin.config import derive
 from marin.launch import plan as plan_module
 from marin.launch.entry import dispatch
 from marin.model import accounting
-from tests.helpers import compose_dict, make_config
+from tests.helpers import compose_dict, launch_here, make_config
 
 RUNG = "experiment=ladder_d768"
 SUBMIT = (RUNG, "data=builtin", "data.allow_vocab_mismatch=true")  # launchable here: the hero's mixture and tokenizer are the site's
@@ -64,10 +64,7 @@ def test_slurm_submission_over_memory_is_refused_and_writes_nothing(tmp_path, ca
     calls, _ = no_slurm
     out_dir, db = tmp_path / "out", tmp_path / "mlflow.db"
     small = half_the_estimate(*SUBMIT)
-    cfg = compose_dict(*SUBMIT, small, f"run.out_dir={out_dir}", f"tracking.uri=sqlite:///{db}")
-    with pytest.raises(SystemExit) as exit_:
-        dispatch(cfg)
-    assert exit_.value.code == 2
+    assert launch_here(*SUBMIT, small, f"run.out_dir={out_dir}", f"tracking.uri=sqlite:///{db}") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: memory: the estimate is")
     resolved = make_config(*SUBMIT, small)

@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from marin.launch.checks import load
-from tests.helpers import compose_dict, new_store
+from tests.helpers import compose_dict, launch_here, new_store
 
 TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
         "train.eval_batches=1", "optim.lr=1e-2"]
@@ -69,7 +69,6 @@ def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
     """train.stop_after=3 of 8: the bar and the report show 3/8, the MLflow run is tagged where it
     stopped, the last line names the resume= command; resume= with that stop_after again has
     nothing to run and says so (exit 0, the report untouched)."""
-    from marin.launch.entry import _dispatch
     from marin.train.loop import train
 
     cfg, rec = start(tmp_path, "train.steps=8", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32")
@@ -85,21 +84,20 @@ def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
     assert "3 / 8" in page and "stopped at step 3 of 8" in page
 
     written = report.stat().st_mtime_ns
-    _dispatch(compose_dict(f"resume={rec.run_dir}", "train.stop_after=3"), [f"resume={rec.run_dir}", "train.stop_after=3"])
+    assert launch_here(f"resume={rec.run_dir}", "train.stop_after=3") == 0
     out = capsys.readouterr().out
     assert f"run {rec.run_id} is already at step 3 of 8 (train.stop_after=3): nothing to run" in out, out
     assert report.stat().st_mtime_ns == written
 
 
 def test_resume_of_a_finished_run_says_so_and_runs_nothing(tmp_path_factory, capsys):
-    from marin.launch.entry import _dispatch
     from tests.trained import tiny_run
 
     rec, _ = tiny_run(tmp_path_factory)
     capsys.readouterr()  # its own training's lines, if this test trained it
     report = rec.run_dir / "report.html"
     written, ended = report.stat().st_mtime_ns, MlflowClient(rec.tracking_uri).get_run(rec.run_id).info.end_time
-    _dispatch(compose_dict(f"resume={rec.run_dir}"), [f"resume={rec.run_dir}"])  # returns: exit 0
+    assert launch_here(f"resume={rec.run_dir}") == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [f"run {rec.run_id} is finished (step 4 of 4): nothing to resume; its report: {report}. To train on "
                    f"from its weights, start a new run with train.init_from={rec.run_dir}"], out
