@@ -118,3 +118,36 @@ def test_help_lists_no_schema_and_option_files_are_typed(tmp_path):
     done = subprocess.run([sys.executable, "launch.py", "--config-dir", str(tmp_path), "model=typo", "--cfg", "job"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert done.returncode != 0 and "Key 'd_modle' not in 'ModelConfig'" in done.stderr
+
+
+# Override sets that tests compose through tests.helpers.compose_dict: options, experiments, values
+# of every kind Hydra's grammar parses (numbers, null, lists, quoted strings, interpolations,
+# top-level keys), `+` additions, and the bad ones with their errors.
+SAME_AS_HYDRA = [
+    ("model=tiny", "train.steps=5", "optim.lr=1e-3", "run.name=a.b", "tracking.uri=null"),
+    ("experiment=mochi_535b_a23b", "dry_run=true", "train.steps=7", "model.num_layers=2"),
+    ("train.seq_len=32", "model=tiny", "hardware.setup=[a,b]", "hardware.xla_flags='--x=1 --y'", "dry_run=json"),
+    ("model=tiny", "+hardware.env.FOO=bar", "train.steps=3", "run.name=${model.name}"),
+    ("sweep=lr_grid", "train.steps=2"),
+    ("model=tiny", "model.hiden=3"),
+    ("model=tiny", "model.d_model=abc"),
+    ("model=nope", "train.steps=2"),
+    ("model=tiny", "train.steps=["),
+]
+
+
+@pytest.mark.parametrize("overrides", SAME_AS_HYDRA, ids=[" ".join(o) for o in SAME_AS_HYDRA])
+def test_the_tests_compose_gives_hydras_config_and_errors(overrides):
+    """compose_dict sets value overrides on a memoised compose of the options (tests/helpers.py):
+    the same config, or the same error, as Hydra composing all of them."""
+    from omegaconf import OmegaConf
+
+    from marin.config.store import compose
+    from tests.helpers import compose_dict
+
+    def outcome(make):
+        try:
+            return OmegaConf.to_yaml(make())
+        except Exception as err:  # noqa: BLE001 (the error is what is compared)
+            return type(err).__name__, str(err)
+    assert outcome(lambda: compose_dict(*overrides)) == outcome(lambda: compose(overrides))
