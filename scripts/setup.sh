@@ -14,8 +14,16 @@ if [[ -x .venv/bin/python && -f .venv/.marin-stamp && $(cat .venv/.marin-stamp) 
   exit 0
 fi
 echo "setting up .venv (one time, about a minute)..." >&2
-[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+if [[ ! -x .venv/bin/python ]]; then
+  # No bootstrap pip (venv's ensurepip: about 4 s, then replaced anyway): this Python's own pip puts
+  # the newest pip straight in (pip >= 22.3's --python); ensurepip only where that pip is older
+  "$PYTHON" -m venv --without-pip .venv
+  "$PYTHON" -m pip --python .venv/bin/python install -q --upgrade pip >/dev/null 2>&1 || true
+fi
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  .venv/bin/python -m ensurepip >/dev/null
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+fi
 # --no-compile, then compileall on every core: pip byte-compiles what it installs on one core (about
 # 30 s here); the bytecode is written now because a PYTHONDONTWRITEBYTECODE environment never writes it later.
 # Not the packages' own test suites (a fifth of the source, never imported): 23 -> 15 s here
