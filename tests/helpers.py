@@ -11,6 +11,7 @@ from pathlib import Path
 from marin.config.store import compose
 from marin.launch.checks import load
 from marin.launch.distributed import FORCED_DEVICES_FLAG
+from marin.train import manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The suite's own XLA flags (tests/conftest.py puts them in XLA_FLAGS; marin passes the environment's
@@ -137,6 +138,15 @@ def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
     (run_dir / "composed.yaml").write_text(f"run: {{name: {name}}}\n")
     (run_dir / "resolved.yaml").write_text(resolved_yaml)
     return run_id
+
+
+def checkpoint_sealed(run_dir: Path) -> bool:
+    """Whether a run has a checkpoint a restart would resume from (what the Slurm tests wait for
+    before they preempt or kill a job): a step's folder whose every per-process manifest is there.
+    Stricter than `listed_steps`, which also counts a folder with neither meta nor manifests (from
+    before manifests), as a step just committed and not yet sealed looks for a moment."""
+    return any(p.name.isdigit() and manifest.kind(p) == "per-process" and manifest.complete(p)
+               for p in (Path(run_dir) / "checkpoints").glob("*"))
 
 
 def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:

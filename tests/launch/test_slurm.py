@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_config
+from tests.helpers import checkpoint_sealed, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -124,7 +124,7 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
 
 def wait_for_checkpoint(job_id: str, run_dir: Path, timeout: float = 600) -> None:
     end = time.time() + timeout
-    while not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*")):
+    while not checkpoint_sealed(run_dir):
         assert time.time() < end, f"no checkpoint from job {job_id} ({sacct_state(job_id)})"
         assert sacct_state(job_id).split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), sacct_state(job_id)
         time.sleep(0.25)

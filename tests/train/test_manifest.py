@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from marin.train import manifest
-from tests.helpers import subprocess_env
+from tests.helpers import checkpoint_sealed, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,19 @@ def test_chunks_catch_a_flip_and_a_short_file(tmp_path, monkeypatch):
     assert "has 50 bytes, its manifest says 113" in manifest.damage(tmp_path, 1, 2)
     (tmp_path / "manifest.0.json").unlink()
     assert manifest.missing(tmp_path) == ["manifest.0.json"] and not manifest.complete(tmp_path)
+
+
+def test_the_slurm_tests_wait_for_a_checkpoint_every_process_has_sealed(tmp_path):
+    """A job killed before its first checkpoint is sealed restarts from step 0: the Slurm tests
+    must not kill it on seeing the step's folder alone."""
+    step_dir = tmp_path / "checkpoints" / "4"
+    _lay_out(step_dir)                         # orbax has committed the step; no process has sealed it
+    assert not checkpoint_sealed(tmp_path)
+    (step_dir / manifest.META_FILE).write_text(json.dumps({manifest.META_KEY: 2}))
+    manifest.write(step_dir, 1, 2)
+    assert not checkpoint_sealed(tmp_path)     # process 0's manifest still missing
+    manifest.write(step_dir, 0, 2)
+    assert checkpoint_sealed(tmp_path)
 
 
 # ---------------------------------------------------------------------------- two processes
