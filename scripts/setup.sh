@@ -23,6 +23,7 @@ if ! "$PYTHON" -m pip --python .venv/bin/python install -q -c constraints.txt uv
   .venv/bin/python -m ensurepip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -c constraints.txt uv 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
+[[ -x .venv/bin/uv ]] || { echo "setup failed: could not install uv into .venv" >&2; exit 1; }
 # uv, not pip, installs the dependencies: it downloads and unpacks them in parallel (from nothing,
 # no download cache: the install 19 -> 7 s here; all of set-up 45 -> 21 s with the bytecode below).
 # It reads UV_INDEX_URL, not pip's configuration: a site's own index (PIP_INDEX_URL, or index-url in
@@ -31,7 +32,6 @@ if [[ -z ${UV_INDEX_URL:-} ]]; then
   UV_INDEX_URL=${PIP_INDEX_URL:-$("$PYTHON" -m pip config get global.index-url 2>/dev/null || true)}
   [[ -n $UV_INDEX_URL ]] && export UV_INDEX_URL || unset UV_INDEX_URL
 fi
-[[ -x .venv/bin/uv ]] || { echo "setup failed: could not install uv into .venv" >&2; exit 1; }
 .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e ".[test]" pip \
   || { echo "setup failed: uv could not install the dependencies" >&2; exit 1; }
 # The check that everything imports also writes the bytecode of what runs (2,600 of site-packages'
