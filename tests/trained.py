@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.helpers import compose_dict, new_store, signals_kept
 
-TINY_RUN = ["model=tiny", "train.seq_len=32", "train.global_batch=4", "train.steps=4", "train.eval_every=0",
+TINY_RUN = ["model=micro", "train.seq_len=32", "train.global_batch=4", "train.steps=4", "train.eval_every=0",
             "train.eval_batches=1", "optim.lr=1e-2"]
 _made: dict = {}
 
@@ -40,7 +40,7 @@ def untrained_run(tmp_path_factory):
     return record.create(composed, cfg, overrides)
 
 
-FORKABLE = ["model=tiny", "train.seq_len=32", "train.global_batch=4", "train.steps=6", "train.eval_every=0",
+FORKABLE = ["model=micro", "train.seq_len=32", "train.global_batch=4", "train.steps=6", "train.eval_every=0",
             "train.eval_batches=1", "train.checkpoint.every_steps=3"]
 
 

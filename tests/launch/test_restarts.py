@@ -120,7 +120,7 @@ def test_failed_tasks_restart_the_job_which_completes_and_wait_follows_it(tmp_pa
     must not take for the job's end while the job restarts."""
     from mlflow import MlflowClient
 
-    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
+    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}", extra_env={"MARIN_SLURM_ENTRY": f"{ENTRIES}:fail_once"})
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir, job_id = Path(field(done.stdout, "run directory")), field(done.stdout, "slurm job")
@@ -151,7 +151,7 @@ def test_failed_tasks_restart_the_job_which_completes_and_wait_follows_it(tmp_pa
 def test_a_spent_budget_ends_the_mlflow_run_failed_when_process_0_died(tmp_path, tracking_uri):
     from mlflow import MlflowClient
 
-    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", "hardware.max_restarts=0", f"run.out_dir={tmp_path}",
+    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", "hardware.max_restarts=0", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}",
                   extra_env={"MARIN_SLURM_ENTRY": f"{ENTRIES}:die", "MARIN_TEST_DYING_TASK": "0"})
     assert done.returncode == 1, done.stdout + done.stderr

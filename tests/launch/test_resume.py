@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import launch_here, new_store, signals_kept
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny", "train.steps=16", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
+TINY = ["model=micro", "train.steps=16", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1", "train.checkpoint.every_steps=3"]
 
 
@@ -71,7 +71,7 @@ def test_slurm_run_resumes_in_the_same_directory(tmp_path, tracking_uri):
     import os
 
     env = {**os.environ, "MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
-    first = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
+    first = launch("hardware=slurm_cpu", "model=micro", "wait=true", f"run.out_dir={tmp_path}",
                    f"tracking.uri={tracking_uri}", env=env)
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     run_dir = run_dir_of(first)
@@ -212,6 +212,6 @@ def test_a_run_reference_reads_as_typed_even_when_it_looks_like_a_number():
     from tests.helpers import compose_dict
 
     typed = ["resume=12e4", "reproduce=1e10", "fork=1e5@3", "train.init_from=12e4"]
-    cfg = OmegaConf.create(compose_dict("model=tiny", *typed))
+    cfg = OmegaConf.create(compose_dict("model=micro", *typed))
     keep_run_references(cfg, typed)
     assert (cfg.resume, cfg.reproduce, cfg.fork, cfg.train.init_from) == ("12e4", "1e10", "1e5@3", "12e4")

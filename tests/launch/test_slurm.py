@@ -22,7 +22,7 @@ PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
 STEPS = 32
-TRAIN = ["hardware=slurm_cpu", "model=tiny", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
+TRAIN = ["hardware=slurm_cpu", "model=micro", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
          "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4"]
 
 
@@ -69,7 +69,7 @@ def losses(uri: str, run_id: str) -> dict[int, float]:
 def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables(tmp_path, tracking_uri):
     outer = {**PROBE, "SLURM_JOB_ID": "999999", "SLURM_NTASKS": "5", "SLURM_OUTER_MARKER": "leaked",
              "CUDA_VISIBLE_DEVICES": "7"}
-    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", f"run.out_dir={tmp_path}",
+    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}", extra_env=outer)
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = Path(field(done.stdout, "run directory"))
@@ -86,21 +86,21 @@ def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables
 
 
 def test_wait_exits_with_the_jobs_failure(tmp_path, tracking_uri):
-    done = launch("hardware=slurm_cpu", "model=tiny", "wait=true", "hardware.max_restarts=0", f"run.out_dir={tmp_path}",
+    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", "hardware.max_restarts=0", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}", extra_env={"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:crash"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "deliberate failure" in done.stderr and "failed" in done.stderr
 
 
 def test_a_refused_submission_is_reported_and_resumable(tmp_path, tracking_uri):
-    done = launch("hardware=slurm_cpu", "model=tiny", "hardware.partition=no_such_partition", f"run.out_dir={tmp_path}",
+    done = launch("hardware=slurm_cpu", "model=micro", "hardware.partition=no_such_partition", f"run.out_dir={tmp_path}",
                   f"tracking.uri={tracking_uri}", extra_env=PROBE)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "sbatch failed" in done.stderr and "resume=" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
-    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "model=tiny", "optim.lr=0.001,0.003",
+    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "model=micro", "optim.lr=0.001,0.003",
                   f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}", extra_env=PROBE)
     assert done.returncode == 0, done.stdout + done.stderr
     array = re.search(r"slurm array (\d+): 2 jobs", done.stdout)

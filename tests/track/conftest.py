@@ -14,9 +14,9 @@ def store(tmp_path_factory):
 
 @pytest.fixture
 def configure(store):
-    """(composed, resolved, overrides) for model=tiny plus `extra`, tracked in the module's store."""
+    """(composed, resolved, overrides) for model=micro plus `extra`, tracked in the module's store."""
     def make(*extra: str):
-        overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}",
+        overrides = ["model=micro", "train.steps=4", f"tracking.uri={store['uri']}",
                      f"run.out_dir={store['out']}", *extra]
         composed, resolved = load(compose_dict(*overrides))
         return composed, resolved, overrides
@@ -36,7 +36,7 @@ def multirun_job(store):
     from marin.config.store import name_options, register
 
     def make(num: int, *extra: str):
-        overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}",
+        overrides = ["model=micro", "train.steps=4", f"tracking.uri={store['uri']}",
                      f"run.out_dir={store['out']}", *extra]
         register()
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -30,16 +30,16 @@ def test_the_linked_mlflow_page_opens_on_the_training_run(request, tmp_path):
     if "uri" not in server:
         pytest.fail(server["error"]) if services.under_ci() else pytest.skip(server["error"])
     uri = server["uri"]
-    composed, resolved = load(compose_dict("model=tiny", "train.steps=4", "run.name=uiprobe", f"tracking.uri={uri}",
+    composed, resolved = load(compose_dict("model=micro", "train.steps=4", "run.name=uiprobe", f"tracking.uri={uri}",
                                            f"tracking.experiment=ui-{uuid.uuid4().hex[:8]}", f"run.out_dir={tmp_path}"))
-    rec = record.create(composed, resolved, ["model=tiny", "optim.lr=0.002", f"tracking.uri={uri}"])
+    rec = record.create(composed, resolved, ["model=micro", "optim.lr=0.002", f"tracking.uri={uri}"])
 
     link = record.mlflow_link(rec)   # what the trainer prints: `mlflow run: <id> (<link>)`
     assert link.endswith(backend.UI_TRAINING_VIEW)
     run_page = page_text(link, tmp_path / "profile")
-    assert "uiprobe model=tiny,lr=0.002" in run_page
+    assert "uiprobe model=micro,lr=0.002" in run_page
     assert "Model metrics" in run_page and "Evaluation runs" not in run_page   # the training sidebar, not GenAI's
     assert "Created by —" not in run_page and "Source —" not in run_page       # mlflow.user, mlflow.source.name
 
     runs = page_text(link.replace(f"/runs/{rec.run_id}", ""), tmp_path / "profile2")
-    assert "uiprobe model=tiny,lr=0.002" in runs and "Token Usage" not in runs  # the runs table, not trace charts
+    assert "uiprobe model=micro,lr=0.002" in runs and "Token Usage" not in runs  # the runs table, not trace charts

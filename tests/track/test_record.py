@@ -36,7 +36,7 @@ def test_create_writes_directory_and_mlflow_run(configure, store, monkeypatch):
     assert run.data.tags["config_hash"] == record.config_hash(resolved)
     assert run.data.tags["run_dir"] == str(rec.run_dir)
     assert run.data.tags["git_dirty"] in ("true", "false")
-    assert json.loads(run.data.tags["overrides"])[0] == "model=tiny"
+    assert json.loads(run.data.tags["overrides"])[0] == "model=micro"
     artifacts = {a.path for a in MlflowClient(store["uri"]).list_artifacts(rec.run_id, "record")}
     assert {"record/composed.yaml", "record/resolved.yaml", "record/overrides.yaml"} <= artifacts
     # artifacts beside the store, not in ./mlruns of the cwd
@@ -179,7 +179,7 @@ def test_mlflow_shows_user_source_git_and_a_readable_name(configure, store):
     rec = record.create(*configure("run.name=readable", "optim.lr=0.002"))
     client = MlflowClient(store["uri"])
     run = client.get_run(rec.run_id)
-    assert run.info.run_name == "readable model=tiny,steps=4,lr=0.002"  # no store, folder or name overrides
+    assert run.info.run_name == "readable model=micro,steps=4,lr=0.002"  # no store, folder or name overrides
     tags = run.data.tags
     assert tags["mlflow.user"] == getpass.getuser() and tags["mlflow.source.type"] == "LOCAL"
     assert tags["mlflow.source.name"].startswith("/") and tags["mlflow.source.git.commit"] == rec.info()["git"]["commit"]

@@ -18,7 +18,7 @@ def source(store):
     from marin.launch.checks import load
     from tests.helpers import compose_dict
 
-    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
+    overrides = ["model=micro", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
                  "optim.lr=0.002", "train.seed=7", "run.name=src"]
     composed, resolved = load(compose_dict(*overrides))
     return record.create(composed, resolved, overrides)
@@ -195,7 +195,7 @@ def _record_under_hydra(store, tmp_path, extra_dir, *overrides):
     from marin.config.store import name_options, register
     from marin.launch.checks import load
 
-    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={tmp_path}", *overrides]
+    overrides = ["model=micro", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={tmp_path}", *overrides]
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra.searchpath=[file://{extra_dir}]", *overrides],

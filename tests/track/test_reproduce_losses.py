@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 from tests.helpers import new_store
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny", "train.steps=8", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
+TINY = ["model=micro", "train.steps=8", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1"]
 
 

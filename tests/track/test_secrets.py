@@ -135,7 +135,7 @@ def saved(store):
     from marin.launch.checks import load
     from tests.helpers import compose_dict
 
-    overrides = ["model=tiny", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
+    overrides = ["model=micro", "train.steps=4", f"tracking.uri={store['uri']}", f"run.out_dir={store['out']}",
                  "run.name=trusted", "hardware=local_cpu8"]
     composed, resolved = load(compose_dict(*overrides))
     return record.create(composed, resolved, overrides)
@@ -200,7 +200,7 @@ def test_launch_reproduce_untrusted_exits_2_writes_nothing(saved, tmp_path):
 def test_uri_password_and_secret_overrides_are_not_printed(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["HYDRA_FULL_ERROR"] = "0"
-    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "launch.py"), "model=tiny", "train.steps=2",
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "launch.py"), "model=micro", "train.steps=2",
                            "tracking.uri=http://alice:uripw-5521@127.0.0.1:9", "+hardware.env.HF_TOKEN=clitok-7730",
                            f"run.out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)

@@ -106,7 +106,7 @@ def test_every_sweep_composes_as_a_dry_run():
 
 def test_a_bad_job_stops_the_multirun_before_anything(tmp_path):
     """Job 2 is invalid: one line names its overrides and field, exit 2, nothing trained or written."""
-    done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e-3,-1", f"run.out_dir={tmp_path}/out",
+    done = _launch_py("-m", "model=micro", "train.steps=2", "optim.lr=1e-3,-1", f"run.out_dir={tmp_path}/out",
                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

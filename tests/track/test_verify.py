@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from tests.helpers import compose_dict, launch_here, new_store, signals_kept
 
-TINY = ["model=tiny", "train.steps=6", "train.seq_len=32", "train.global_batch=4", "train.eval_every=3",
+TINY = ["model=micro", "train.steps=6", "train.seq_len=32", "train.global_batch=4", "train.eval_every=3",
         "train.eval_batches=1", "train.checkpoint.every_steps=2", "train.checkpoint.keep_last=0",
         "train.checkpoint.async_save=false", "train.seed=5"]
 

@@ -9,7 +9,7 @@ from marin.optim import build_optimizer
 from marin.train.state import init_state
 from tests.helpers import make_config
 
-TINY = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_every=0", "train.eval_batches=1"]
+TINY = ["model=micro", "train.seq_len=32", "train.global_batch=8", "train.eval_every=0", "train.eval_batches=1"]
 
 
 def lowered_text(cfg):
@@ -68,7 +68,7 @@ def test_the_environments_cache_thresholds_win_over_marins(monkeypatch, tmp_path
     the suite keeps its tiny eager programs out of the cache (tests/conftest.py)."""
     from marin.train.trainer import enable_compilation_cache
 
-    cfg = make_config("model=tiny", f"run.out_dir={tmp_path}")
+    cfg = make_config("model=micro", f"run.out_dir={tmp_path}")
     names = ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
     before = {name: getattr(jax.config, name) for name in names}
     try:

@@ -82,7 +82,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", f"train.steps={steps}", "train.seq_len=32",
+        proc = subprocess.Popen([sys.executable, "launch.py", "model=micro", f"train.steps={steps}", "train.seq_len=32",
                                  "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
                                  "train.checkpoint.every_steps=50", "train.checkpoint.keep_last=1",  # the forced one outlives them
                                  f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"],

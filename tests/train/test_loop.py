@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from marin.launch.checks import load
 from tests.helpers import compose_dict, launch_here, new_store
 
-TINY = ["model=tiny", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
+TINY = ["model=micro", "train.seq_len=64", "train.global_batch=8", "train.eval_every=10",
         "train.eval_batches=1", "optim.lr=1e-2"]
 
 
@@ -157,7 +157,7 @@ def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(
     garbage.parent.mkdir()
     garbage.write_text("not a database")
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "launch.py", "model=tiny", "train.seq_len=32", "train.global_batch=8",
+    done = subprocess.run([sys.executable, "launch.py", "model=micro", "train.seq_len=32", "train.global_batch=8",
                            "train.eval_batches=1", "train.steps=100000", f"run.out_dir={out}",
                            f"tracking.uri=sqlite:///{garbage}"], cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -202,7 +202,7 @@ def test_a_local_run_keeps_mlflow_out_of_the_training_process(tmp_path):
         from tests.helpers import compose_dict
         from marin.launch.checks import load
         from marin.launch.local import run_local
-        overrides = ["model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
+        overrides = ["model=micro", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
                      "train.steps=3", "run.out_dir={tmp_path}"]
         composed, resolved = load(compose_dict(*overrides))
         rec = run_local(composed, resolved, overrides)

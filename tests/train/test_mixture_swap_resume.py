@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import new_store, signals_kept
 
-TINY = ["model=tiny", "train.steps=20", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
+TINY = ["model=micro", "train.steps=20", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1", "train.checkpoint.every_steps=5", "train.checkpoint.keep_last=10"]
 B_MIX = ["data.sources.0.weights=[0.75]", "data.sources.1.weights=[0.25]"]  # A: 0.5 / 0.5 (data=builtin)
 

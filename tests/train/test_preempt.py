@@ -90,7 +90,7 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     err, out, said = tmp_path / "stderr.txt", tmp_path / "my runs", tmp_path / "stdout.txt"
     with err.open("w") as stderr, said.open("w") as stdout:
-        proc = subprocess.Popen([sys.executable, "launch.py", "model=tiny", "train.steps=100000", "train.seq_len=32",
+        proc = subprocess.Popen([sys.executable, "launch.py", "model=micro", "train.steps=100000", "train.seq_len=32",
                                  "train.global_batch=4", "train.eval_every=0", f"run.out_dir={out}",
                                  f"tracking.uri={uri}"], cwd=root, env=env, stdout=stdout, stderr=stderr)
         deadline = time.monotonic() + 300

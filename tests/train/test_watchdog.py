@@ -104,7 +104,7 @@ def test_a_hung_run_dumps_its_stacks_and_exits_124_within_the_limit(tmp_path):
     uri = new_store(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     limit_s = 3.0
-    done = subprocess.run([sys.executable, "launch.py", "model=tiny", "train.steps=8", "train.seq_len=32",
+    done = subprocess.run([sys.executable, "launch.py", "model=micro", "train.steps=8", "train.seq_len=32",
                            "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}", f"tracking.uri={uri}",
                            f"train.watchdog_minutes={limit_s / 60}", "debug.hang_at_step=3", TOKENS],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -130,10 +130,10 @@ def test_the_hero_has_production_watchdog_and_other_runs_none():
     from tests.helpers import make_config
 
     assert make_config("experiment=mochi_535b_a23b", "dry_run=true").train.watchdog_minutes == 15
-    assert make_config("model=tiny").train.watchdog_minutes is None
+    assert make_config("model=micro").train.watchdog_minutes is None
 
 
-SLURM_TRAIN = ["hardware=slurm_cpu", "model=tiny", "train.steps=12", "train.seq_len=32", "train.global_batch=4",
+SLURM_TRAIN = ["hardware=slurm_cpu", "model=micro", "train.steps=12", "train.seq_len=32", "train.global_batch=4",
                "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4", "wait=true",
                "train.checkpoint.keep_last=0",  # every checkpoint kept, for a look after a failure
                TOKENS]
