@@ -1,7 +1,8 @@
 """On the local Slurm cluster (scripts/services_up.sh): the launch path with a cheap probe in each
-task, a multirun as one job array, a 2-process training job that logs one MLflow run, and a
-preempted job and a job whose task is killed (kill -9) that requeue themselves and finish with
-exactly the losses of an uninterrupted one."""
+task, a multirun as one job array, a 2-process training job that logs one MLflow run and takes a
+forced checkpoint, and a preempted job, a job whose task is killed (kill -9) and a job whose task
+hangs (caught by the hang watchdog) that requeue or restart themselves and finish with exactly the
+losses of the uninterrupted one."""
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from marin.train.preempt import WATCHDOG_EXIT
 from tests.helpers import checkpoint_sealed, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
-STEPS = 32
+STEPS = 16
 TRAIN = ["hardware=slurm_cpu", "model=micro", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
          "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4"]
 
@@ -86,15 +88,16 @@ def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables
 
 
 def test_wait_exits_with_the_jobs_failure(tmp_path, tracking_uri):
-    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", "hardware.max_restarts=0", f"run.out_dir={tmp_path}",
-                  f"tracking.uri={tracking_uri}", extra_env={"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:crash"})
+    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", "hardware.max_restarts=0",
+                  f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}",
+                  extra_env={"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:crash"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "deliberate failure" in done.stderr and "failed" in done.stderr
 
 
 def test_a_refused_submission_is_reported_and_resumable(tmp_path, tracking_uri):
-    done = launch("hardware=slurm_cpu", "model=micro", "hardware.partition=no_such_partition", f"run.out_dir={tmp_path}",
-                  f"tracking.uri={tracking_uri}", extra_env=PROBE)
+    done = launch("hardware=slurm_cpu", "model=micro", "hardware.partition=no_such_partition",
+                  f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}", extra_env=PROBE)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "sbatch failed" in done.stderr and "resume=" in done.stderr and "Traceback" not in done.stderr
 
@@ -142,12 +145,36 @@ def kill_task(job_id: str, task: int) -> int:
     pytest.fail(f"no task {task} in job {job_id}:\n{pids}")
 
 
+def checkpoint_once_running(proc: subprocess.Popen, runs_dir: Path, name: str, tasks: int,
+                            timeout: float = 600) -> str:
+    """Wait for the run `name` under `runs_dir` (submitted by `proc`) until every task has
+    announced itself (its handlers are installed), then `marin.ctl checkpoint`; its stdout."""
+    end = time.monotonic() + timeout
+    while not (found := sorted(runs_dir.glob(f"{name}-*"))) or \
+            len(list((found[0] / "processes").glob("*.json"))) < tasks:
+        assert time.monotonic() < end and proc.poll() is None, "the tasks never started"
+        time.sleep(0.2)
+    done = subprocess.run([sys.executable, "-m", "marin.ctl", "checkpoint", str(found[0])], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# The hung job's watchdog limit: CI's 2 loaded cores have run these steps at 2.3 s each, and a 6 s
+# limit once fired on a step that was only slow.
+HANG_LIMIT_S, HANG_STEP = 20.0, 7
+
+
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, tracking_uri):
-    """The same training, once straight through (`wait=true`, from the command line, its task 1
-    starting 40 s late: task 0 waits for it past gloo's 30 s rendezvous), once preempted after
-    its first checkpoint, and once with its task 1 killed (SIGKILL) after its first checkpoint;
-    all three run on the cluster at the same time."""
+def runs(tmp_path_factory, tracking_uri):
+    """The same training four times on the cluster at once:
+    - straight through (`wait=true`, from the command line), its task 1 starting 40 s late (task 0
+      waits for it past gloo's 30 s rendezvous), with a forced checkpoint (`marin.ctl checkpoint`
+      → scancel --signal=USR1) at its first step boundary, after which it trains on;
+    - preempted after its first checkpoint;
+    - its task 1 killed (SIGKILL) after its first checkpoint;
+    - its task 1 hung before step 7 (task 0 then waits in the step's collectives): both tasks'
+      hang watchdogs fire and the job restarts from its checkpoint at step 4."""
     from marin.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("slurm-train")
@@ -156,8 +183,10 @@ def two_runs(tmp_path_factory, tracking_uri):
     prepare(make_config(*TRAIN, f"run.out_dir={out}"), progress=False)
     jobs = {}
     # the preempted one: no restart can hide a failure; the killed one: room for a fault of a loaded machine too
-    for name, restarts in (("preempted", 0), ("killed", 2)):
-        done = launch(*common, f"run.name={name}", f"hardware.max_restarts={restarts}")
+    for name, extra in (("preempted", ["hardware.max_restarts=0"]), ("killed", ["hardware.max_restarts=2"]),
+                        ("hung", [f"train.watchdog_minutes={HANG_LIMIT_S / 60}", f"debug.hang_at_step={HANG_STEP}",
+                                  "debug.hang_process=1"])):
+        done = launch(*common, f"run.name={name}", *extra)
         assert done.returncode == 0, done.stdout + done.stderr
         jobs[name] = (field(done.stdout, "slurm job"), Path(field(done.stdout, "run directory")), done.stdout)
     straight = subprocess.Popen([sys.executable, "launch.py", *common, "run.name=straight", "wait=true"], cwd=ROOT,
@@ -171,42 +200,43 @@ def two_runs(tmp_path_factory, tracking_uri):
         job_id, run_dir, _ = jobs["killed"]
         wait_for_checkpoint(job_id, run_dir)
         kill_task(job_id, 1)
+        asked = checkpoint_once_running(straight, out / "runs", "straight", tasks=2)
         stdout, stderr = straight.communicate(timeout=800)
     finally:
         if straight.poll() is None:
             straight.kill()
     finals = {name: wait_for_job(job_id) for name, (job_id, _, _) in jobs.items()}
-    return {"straight": (straight.returncode, stdout, stderr), "uri": tracking_uri,
+    return {"straight": (straight.returncode, stdout, stderr), "asked": asked, "uri": tracking_uri,
             **{name: (*jobs[name], finals[name]) for name in jobs}}
 
 
-def test_two_process_job_trains_and_logs_one_mlflow_run(two_runs):
+def test_two_process_job_trains_and_logs_one_mlflow_run(runs):
     from mlflow import MlflowClient
 
-    code, stdout, stderr = two_runs["straight"]
+    code, stdout, stderr = runs["straight"]
     assert code == 0, stdout + stderr[-3000:]
     run_dir, run_id = Path(field(stdout, "run directory")), field(stdout, "mlflow run")
-    client = MlflowClient(two_runs["uri"])
+    client = MlflowClient(runs["uri"])
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags.get("jax.process_count") == "2"
     same_dir = client.search_runs([run.info.experiment_id], f"tags.run_dir = '{run_dir}'")
     assert [r.info.run_id for r in same_dir] == [run_id]   # one MLflow run for both processes
-    assert sorted(losses(two_runs["uri"], run_id)) == list(range(1, STEPS + 1))  # step n = n updates taken
+    assert sorted(losses(runs["uri"], run_id)) == list(range(1, STEPS + 1))  # step n = n updates taken
     final = run_dir / "checkpoints" / str(STEPS) / "state"
     assert (final / "ocdbt.process_0").is_dir() and (final / "ocdbt.process_1").is_dir()  # both wrote
 
 
-def test_preempted_job_requeues_and_finishes_with_the_same_losses(two_runs):
-    job_id, run_dir, stdout, final = two_runs["preempted"]
+def test_preempted_job_requeues_and_finishes_with_the_same_losses(runs):
+    job_id, run_dir, stdout, final = runs["preempted"]
     assert final.startswith("COMPLETED"), final
     show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert re.search(r"Restarts=[1-9]", show), show
     logs = "".join(p.read_text() for p in (run_dir / "slurm").glob("*_0_log.err"))
     assert "requeued Slurm job" in logs or "requeue" in logs
-    code, straight_stdout, _ = two_runs["straight"]
+    code, straight_stdout, _ = runs["straight"]
     assert code == 0
-    reference = losses(two_runs["uri"], field(straight_stdout, "mlflow run"))
-    resumed = losses(two_runs["uri"], field(stdout, "mlflow run"))
+    reference = losses(runs["uri"], field(straight_stdout, "mlflow run"))
+    resumed = losses(runs["uri"], field(stdout, "mlflow run"))
     assert sorted(resumed) == sorted(reference) == list(range(1, STEPS + 1))
     assert resumed == reference        # bitwise: same floats at every step
 
@@ -217,15 +247,15 @@ def logged_losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["value"]) for r in rows if r["key"] == "train/loss"]
 
 
-def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(two_runs):
+def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(runs):
     from mlflow import MlflowClient
 
-    job_id, run_dir, stdout, final = two_runs["killed"]
+    job_id, run_dir, stdout, final = runs["killed"]
     assert final.startswith("COMPLETED"), final        # no person requeued it
     faults = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     [fault] = [f for f in faults if "SIGKILL" in f["cause"]]
     assert fault["restarted"] and 0 < fault["resume_step"] <= fault["step"] < STEPS
-    code, straight_stdout, _ = two_runs["straight"]
+    code, straight_stdout, _ = runs["straight"]
     assert code == 0
     reference = dict(logged_losses(Path(field(straight_stdout, "run directory"))))
     killed = logged_losses(run_dir)
@@ -233,6 +263,44 @@ def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(two_ru
     # the steps after the checkpoint ran twice (none when the kill came right at the checkpoint) ...
     assert len(killed) == STEPS + fault["step"] - fault["resume_step"]
     assert all(value == reference[step] for step, value in killed)   # ... with bitwise the same losses
-    run = MlflowClient(two_runs["uri"]).get_run(field(stdout, "mlflow run"))
+    run = MlflowClient(runs["uri"]).get_run(field(stdout, "mlflow run"))
     assert run.info.status == "FINISHED" and run.data.tags["restarts"] == str(len(faults))
     assert run.data.metrics["restart/count"] == len(faults) and run.data.metrics["restart/minutes_lost"] >= 0
+
+
+def test_a_hang_is_caught_the_job_restarts_and_its_losses_equal_the_straight_runs(runs):
+    from mlflow import MlflowClient
+
+    job_id, run_dir, stdout, final = runs["hung"]
+    assert final.startswith("COMPLETED"), final
+    faults = (run_dir / "restarts.jsonl").read_text() if (run_dir / "restarts.jsonl").is_file() else ""
+    [fault] = [json.loads(line) for line in faults.splitlines()]   # the injected hang, and nothing else
+    assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == 4, faults
+    assert fault["cause"].startswith("the hang watchdog ended a task"), faults
+    logs = {task: "".join(p.read_text() for p in (run_dir / "slurm").glob(f"*_{task}_log.err")) for task in (0, 1)}
+    for task, text in logs.items():  # every process wrote its stacks, within the limit plus a minute
+        fired = re.search(rf"watchdog: process {task}: no step completed for ([\d.]+) s "
+                          rf"\(allowed {HANG_LIMIT_S} s\)", text)
+        assert fired, text[-3000:]
+        assert HANG_LIMIT_S <= float(fired.group(1)) < HANG_LIMIT_S + 60  # printed to 0.1 s
+    assert "in hang_if_asked" in logs[1].split("watchdog: process 1")[1]
+    client = MlflowClient(runs["uri"])
+    assert client.get_run(field(stdout, "mlflow run")).info.status == "FINISHED"
+    code, straight_stdout, _ = runs["straight"]
+    assert code == 0
+    straight = losses(runs["uri"], field(straight_stdout, "mlflow run"))
+    hung = [(m.step, m.value) for m in client.get_metric_history(field(stdout, "mlflow run"), "train/loss")]
+    assert {step for step, _ in hung} == set(straight) == set(range(1, STEPS + 1))
+    assert all(value == straight[step] for step, value in hung)  # replayed steps too: bit for bit
+
+
+def test_a_forced_checkpoint_is_taken_at_the_first_step_boundary_and_the_job_trains_on(runs):
+    from mlflow import MlflowClient
+
+    code, stdout, stderr = runs["straight"]
+    assert code == 0 and "(scancel --signal=USR1)" in runs["asked"], f"{runs['asked']}{stdout}{stderr[-3000:]}"
+    run_dir = Path(field(stdout, "run directory"))
+    task0 = "".join(p.read_text() for p in (run_dir / "slurm").glob("*_0_log.err"))
+    assert re.search(r"forced checkpoint at step 1 written and verified", task0), task0[-3000:]
+    assert (run_dir / "checkpoints" / "1").is_dir()
+    assert MlflowClient(runs["uri"]).get_run(field(stdout, "mlflow run")).data.tags["checkpoint.forced"] == "1"
