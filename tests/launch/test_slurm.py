@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
-STEPS = 16
+STEPS = 24
 TRAIN = ["hardware=slurm_cpu", "model=micro", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
-         "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=4"]
+         "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=8"]
 
 
 def env_with(extra: dict | None = None) -> dict:
@@ -125,12 +125,25 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
 
 
-def wait_for_checkpoint(job_id: str, run_dir: Path, timeout: float = 600) -> None:
-    end = time.time() + timeout
-    while not checkpoint_sealed(run_dir):
-        assert time.time() < end, f"no checkpoint from job {job_id} ({sacct_state(job_id)})"
-        assert sacct_state(job_id).split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), sacct_state(job_id)
-        time.sleep(0.25)
+def submitted(runs_dir: Path, name: str) -> tuple[str, Path] | None:
+    """(Slurm job id, run directory) of the run `name` under `runs_dir` once it is submitted."""
+    for run_dir in runs_dir.glob(f"{name}-*"):
+        for script in (run_dir / "slurm").glob("*_submission.sh"):
+            return script.name.split("_")[0], run_dir
+    return None
+
+
+def checkpointed(runs_dir: Path, name: str) -> str | None:
+    """The Slurm job id of the run `name` once it has sealed its first checkpoint; fails once the
+    job is no longer running without one."""
+    if not (job := submitted(runs_dir, name)):
+        return None
+    job_id, run_dir = job
+    if checkpoint_sealed(run_dir):
+        return job_id
+    state = sacct_state(job_id)
+    assert state.split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), f"no checkpoint in {name} ({state})"
+    return None
 
 
 def kill_task(job_id: str, task: int) -> int:
@@ -145,24 +158,51 @@ def kill_task(job_id: str, task: int) -> int:
     pytest.fail(f"no task {task} in job {job_id}:\n{pids}")
 
 
-def checkpoint_once_running(proc: subprocess.Popen, runs_dir: Path, name: str, tasks: int,
-                            timeout: float = 600) -> str:
-    """Wait for the run `name` under `runs_dir` (submitted by `proc`) until every task has
-    announced itself (its handlers are installed), then `marin.ctl checkpoint`; its stdout."""
-    end = time.monotonic() + timeout
-    while not (found := sorted(runs_dir.glob(f"{name}-*"))) or \
-            len(list((found[0] / "processes").glob("*.json"))) < tasks:
-        assert time.monotonic() < end and proc.poll() is None, "the tasks never started"
+def announced(proc: subprocess.Popen, runs_dir: Path, name: str, tasks: int) -> Path | None:
+    """The directory of the run `name` under `runs_dir` (submitted by `proc`) once every task has
+    announced itself (its signal handlers are installed), else None."""
+    assert proc.poll() is None, f"{name}: launch.py ended before its tasks started"
+    found = sorted(runs_dir.glob(f"{name}-*"))
+    return found[0] if found and len(list((found[0] / "processes").glob("*.json"))) >= tasks else None
+
+
+def force_checkpoint(run_dir: Path) -> subprocess.Popen:
+    """`marin.ctl checkpoint <run>`, not waited for (the other jobs are watched meanwhile)."""
+    return subprocess.Popen([sys.executable, "-m", "marin.ctl", "checkpoint", str(run_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def preempt(job_id: str) -> None:
+    """What Slurm does to a preempted job (and submitit's job._interrupt()): TERM, then USR2."""
+    for sig in ("TERM", "USR2"):
+        subprocess.run(["scancel", "--signal", sig, job_id], check=True)
+
+
+def when_ready(actions: dict, timeout: float = 600) -> dict:
+    """{name: (ready, act)}: call each `act(what ready() gave)` as soon as `ready()` gives it
+    (polled together: the jobs run at once, and one past its first checkpoint finishes in
+    seconds); their results."""
+    results, end = {}, time.monotonic() + timeout
+    while len(results) < len(actions):
+        for name, (ready, act) in actions.items():
+            if name not in results and (got := ready()):
+                results[name] = act(got)
+        assert time.monotonic() < end, f"never ready: {sorted(set(actions) - set(results))}"
         time.sleep(0.2)
-    done = subprocess.run([sys.executable, "-m", "marin.ctl", "checkpoint", str(found[0])], capture_output=True,
-                          text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return results
 
 
 # The hung job's watchdog limit: CI's 2 loaded cores have run these steps at 2.3 s each, and a 6 s
 # limit once fired on a step that was only slow.
-HANG_LIMIT_S, HANG_STEP = 20.0, 7
+HANG_LIMIT_S, HANG_STEP = 20.0, 11
+
+
+JOBS = {  # run.name: its own overrides
+    "preempted": ["hardware.max_restarts=0"],  # no restart can hide a failure
+    "killed": ["hardware.max_restarts=2"],     # room for a fault of a loaded machine too
+    "hung": [f"train.watchdog_minutes={HANG_LIMIT_S / 60}", f"debug.hang_at_step={HANG_STEP}", "debug.hang_process=1"],
+    "straight": ["wait=true"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -173,39 +213,41 @@ def runs(tmp_path_factory, tracking_uri):
       → scancel --signal=USR1) at its first step boundary, after which it trains on;
     - preempted after its first checkpoint;
     - its task 1 killed (SIGKILL) after its first checkpoint;
-    - its task 1 hung before step 7 (task 0 then waits in the step's collectives): both tasks'
-      hang watchdogs fire and the job restarts from its checkpoint at step 4."""
+    - its task 1 hung before step 11 (task 0 then waits in the step's collectives): both tasks'
+      hang watchdogs fire and the job restarts from its checkpoint at step 8."""
     from marin.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("slurm-train")
     common = [*TRAIN, f"run.out_dir={out}", f"tracking.uri={tracking_uri}"]
     # Tokenized here, once, not by each job.
     prepare(make_config(*TRAIN, f"run.out_dir={out}"), progress=False)
-    jobs = {}
-    # the preempted one: no restart can hide a failure; the killed one: room for a fault of a loaded machine too
-    for name, extra in (("preempted", ["hardware.max_restarts=0"]), ("killed", ["hardware.max_restarts=2"]),
-                        ("hung", [f"train.watchdog_minutes={HANG_LIMIT_S / 60}", f"debug.hang_at_step={HANG_STEP}",
-                                  "debug.hang_process=1"])):
-        done = launch(*common, f"run.name={name}", *extra)
-        assert done.returncode == 0, done.stdout + done.stderr
-        jobs[name] = (field(done.stdout, "slurm job"), Path(field(done.stdout, "run directory")), done.stdout)
-    straight = subprocess.Popen([sys.executable, "launch.py", *common, "run.name=straight", "wait=true"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with(LATE))
+    # All four submitted at once: a job past its first checkpoint ends in seconds, so what is
+    # done to one must not wait for another's submission.
+    procs = {name: subprocess.Popen([sys.executable, "launch.py", *common, f"run.name={name}", *extra], cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env_with(LATE if name == "straight" else None))
+             for name, extra in JOBS.items()}
+    runs_dir = out / "runs"
     try:
-        job_id, run_dir, _ = jobs["preempted"]
-        wait_for_checkpoint(job_id, run_dir)
-        # what Slurm does to a preempted job (and submitit's job._interrupt()): TERM, then USR2
-        for sig in ("TERM", "USR2"):
-            subprocess.run(["scancel", "--signal", sig, job_id], check=True)
-        job_id, run_dir, _ = jobs["killed"]
-        wait_for_checkpoint(job_id, run_dir)
-        kill_task(job_id, 1)
-        asked = checkpoint_once_running(straight, out / "runs", "straight", tasks=2)
-        stdout, stderr = straight.communicate(timeout=800)
+        ctl = when_ready({
+            "preempted": (lambda: checkpointed(runs_dir, "preempted"), preempt),
+            "killed": (lambda: checkpointed(runs_dir, "killed"), lambda job_id: kill_task(job_id, 1)),
+            "straight": (lambda: announced(procs["straight"], runs_dir, "straight", tasks=2), force_checkpoint),
+        })["straight"]
+        said = {name: proc.communicate(timeout=800) for name, proc in procs.items()}
+        asked, ctl_err = ctl.communicate(timeout=120)
+        assert ctl.returncode == 0, ctl_err
     finally:
-        if straight.poll() is None:
-            straight.kill()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    jobs = {}
+    for name in ("preempted", "killed", "hung"):
+        (stdout, stderr), code = said[name], procs[name].returncode
+        assert code == 0, stdout + stderr
+        jobs[name] = (field(stdout, "slurm job"), Path(field(stdout, "run directory")), stdout)
     finals = {name: wait_for_job(job_id) for name, (job_id, _, _) in jobs.items()}
+    (stdout, stderr), straight = said["straight"], procs["straight"]
     return {"straight": (straight.returncode, stdout, stderr), "asked": asked, "uri": tracking_uri,
             **{name: (*jobs[name], finals[name]) for name in jobs}}
 
@@ -275,7 +317,7 @@ def test_a_hang_is_caught_the_job_restarts_and_its_losses_equal_the_straight_run
     assert final.startswith("COMPLETED"), final
     faults = (run_dir / "restarts.jsonl").read_text() if (run_dir / "restarts.jsonl").is_file() else ""
     [fault] = [json.loads(line) for line in faults.splitlines()]   # the injected hang, and nothing else
-    assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == 4, faults
+    assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == 8, faults
     assert fault["cause"].startswith("the hang watchdog ended a task"), faults
     logs = {task: "".join(p.read_text() for p in (run_dir / "slurm").glob(f"*_{task}_log.err")) for task in (0, 1)}
     for task, text in logs.items():  # every process wrote its stacks, within the limit plus a minute
