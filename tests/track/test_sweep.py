@@ -165,7 +165,8 @@ def test_local_sweep_life_cycle(tmp_path):
     """Start (the parent is shown first), a job that fails does not stop the others, the parent
     ends FAILED with them, and `marin.status` finds the sweep by name."""
     out, uri = tmp_path / "out", new_store(tmp_path)
-    done = _launch_py("-m", "model=tiny", "train.steps=2", "optim.lr=1e30,1e-3", f"run.out_dir={out}",
+    done = _launch_py("-m", "model=micro", "train.steps=3", "train.seq_len=32", "train.global_batch=4",
+                      "optim.lr=1e30,1e-3", f"run.out_dir={out}",
                       f"tracking.uri={uri}", "run.sweep=life",
                       f"data.cache_dir={PROJECT_ROOT}/outputs/cache/tokens-tests")
     assert done.returncode == 3, done.stderr[-3000:]   # the worst job's status: a non-finite loss
@@ -179,7 +180,7 @@ def test_local_sweep_life_cycle(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     rows = {line.split()[0]: line.split()[1:4] for line in status.stdout.splitlines()[2:]}
-    assert rows["lr=0.001"][:2] == ["FINISHED", "2/2"] and rows["lr=1e+30"][0] == "FAILED"
+    assert rows["lr=0.001"][:2] == ["FINISHED", "3/3"] and rows["lr=1e+30"][0] == "FAILED"
 
 
 def test_sweep_typos_fail_before_any_job():
