@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: the environment (scripts/setup.sh), then pytest on 3 workers
 # (pytest-xdist; 3 on 2 cores because the tests wait on subprocesses, Slurm and servers much of the time:
-# with 3 the cores are 3 to 11 % idle, with 4 they were 3 % idle and the suite no faster, 837 s against
-# 739 to 770 s; MARIN_TEST_WORKERS=N for another count, or pass -n 0). The services some tests need
+# with 4 the cores were 3 % idle but the suite slower, 710 s against 624 s with 3, as the processes'
+# CPU grows with the contention, 1,133 CPU-s against 977; MARIN_TEST_WORKERS=N for another count, or pass -n 0). The services some tests need
 # start when the first of those tests runs and stop at the end (tests/services.py): the local Slurm
 # cluster and an MLflow server for the `slurm` tests, a headless Chromium for the `browser` test;
 # a run that selects none of them starts nothing. Extra arguments go to pytest
