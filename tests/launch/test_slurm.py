@@ -125,9 +125,14 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
 
 
+def run_dir_of(runs_dir: Path, name: str) -> Path | None:
+    """The directory of the run `name` under `runs_dir`, once launch.py has made it."""
+    return next(iter(sorted(runs_dir.glob(f"{name}-*"))), None)
+
+
 def submitted(runs_dir: Path, name: str) -> tuple[str, Path] | None:
     """(Slurm job id, run directory) of the run `name` under `runs_dir` once it is submitted."""
-    for run_dir in runs_dir.glob(f"{name}-*"):
+    if run_dir := run_dir_of(runs_dir, name):
         for script in (run_dir / "slurm").glob("*_submission.sh"):
             return script.name.split("_")[0], run_dir
     return None
@@ -162,8 +167,8 @@ def announced(proc: subprocess.Popen, runs_dir: Path, name: str, tasks: int) -> 
     """The directory of the run `name` under `runs_dir` (submitted by `proc`) once every task has
     announced itself (its signal handlers are installed), else None."""
     assert proc.poll() is None, f"{name}: launch.py ended before its tasks started"
-    found = sorted(runs_dir.glob(f"{name}-*"))
-    return found[0] if found and len(list((found[0] / "processes").glob("*.json"))) >= tasks else None
+    run_dir = run_dir_of(runs_dir, name)
+    return run_dir if run_dir and len(list((run_dir / "processes").glob("*.json"))) >= tasks else None
 
 
 def force_checkpoint(run_dir: Path) -> subprocess.Popen:
@@ -237,6 +242,11 @@ def runs(tmp_path_factory, tracking_uri):
         said = {name: proc.communicate(timeout=800) for name, proc in procs.items()}
         asked, ctl_err = ctl.communicate(timeout=120)
         assert ctl.returncode == 0, ctl_err
+    except BaseException:  # a fixture that failed leaves nothing running on the shared cluster
+        for name in JOBS:
+            if job := submitted(runs_dir, name):
+                subprocess.run(["scancel", job[0]], check=False)
+        raise
     finally:
         for proc in procs.values():
             if proc.poll() is None:
