@@ -1,5 +1,6 @@
-"""The test suite's XLA flags (`TEST_XLA_FLAGS`, tests/helpers.py) against XLA's defaults: the CPU
-time of compiling the tests' tiny 2-layer train step, and that step's run time.
+"""The test suite's XLA flags (`TEST_XLA_FLAGS`, tests/helpers.py) against XLA's defaults, and
+against the same flags less one: the CPU time of compiling the tests' tiny 2-layer train step, and
+that step's run time.
 
     python benchmarks/test_flags.py [--repeats 2]
 
@@ -66,8 +67,11 @@ def main() -> None:
         return
     from tests.helpers import TEST_XLA_FLAGS
 
-    # each of the suite's flags alone, then both: which one buys what
-    flag_sets = {"XLA defaults": "", **{flag: flag for flag in TEST_XLA_FLAGS.split()}, "TEST_XLA_FLAGS": TEST_XLA_FLAGS}
+    # all of the suite's flags, and all but one: what each one buys on top of the others (alone, a
+    # flag can do little or even cost: together they do far more than apart)
+    flags = TEST_XLA_FLAGS.split()
+    flag_sets = {"XLA defaults": "", "TEST_XLA_FLAGS": TEST_XLA_FLAGS,
+                 **{f"without {flag}": " ".join(f for f in flags if f != flag) for flag in flags}}
     runs: dict = {(c, f): [] for c in CASES for f in flag_sets}
     for _ in range(args.repeats):
         for case in CASES:
