@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.track.test_ab import TABLE, ab_sweeps, arms
 from tests.trained import fork_of, forkable_run
 
 
@@ -87,10 +88,12 @@ def test_fork_names_the_checkpoint_it_needs(tmp_path_factory, spec, says, capsys
 @pytest.mark.slow
 def test_ab_on_slurm_runs_its_two_forks_as_one_job_array(tmp_path_factory, tracking_uri, capfd):
     """marin.ab (tests/track/test_ab.py) with a Slurm hardware: both arms in one array, one process
-    each (the parent's single-device layout, so the control repeats it bit for bit)."""
+    each (the parent's single-device layout, so the control repeats it bit for bit), one sweep,
+    and the arms' table and verdict."""
     from marin import ab
 
     parent = forkable_run(tmp_path_factory)
+    before = ab_sweeps(parent)
     ab.main([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "1", "--both", "hardware=slurm_cpu",
              "--both", "hardware.tasks_per_node=1", "--both", "hardware.mesh.expert=1",
              "--both", f"tracking.uri={tracking_uri}"])
@@ -98,6 +101,8 @@ def test_ab_on_slurm_runs_its_two_forks_as_one_job_array(tmp_path_factory, track
     assert re.search(r"slurm array \d+: 2 jobs", captured.out + captured.err), captured.err[-3000:]
     assert "control vs parent: train/loss bit-for-bit equal at steps 4…4 (1 step)" in captured.out
     assert captured.out.strip().splitlines()[-1].startswith("verdict: candidate ")
+    assert all(label in captured.out for label in TABLE)                 # the arms side by side
+    assert arms(ab_sweeps(parent) - before) == ["+ab=candidate", "+ab=control"]  # one sweep, two arms
 
 
 def test_fork_of_a_resumed_run_keeps_what_its_resumes_changed(tmp_path_factory, tmp_path):

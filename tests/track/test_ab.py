@@ -1,6 +1,7 @@
 """`python -m marin.ab <run>@<step> <candidate overrides>`: a paired A/B from one checkpoint as a
 two-job sweep (here; one Slurm array on the cluster), its side-by-side table and verdict, and the
-control checked bit for bit against the parent's own steps."""
+control checked bit for bit against the parent's own steps (from a step inside the parent: the
+Slurm A/B, tests/launch/test_fork.py, which checks the same table)."""
 import json
 
 import pytest
@@ -10,6 +11,17 @@ from tests.trained import forkable_run
 
 TABLE = ("loss (mean)", "eval loss (last)", "dropped fraction (mean)", "tokens/s (steady)", "MFU (steady)",
          "peak memory GiB (max)")
+
+
+def ab_sweeps(parent) -> set:
+    """The A/B sweeps made so far from the shared parent (every test of this worker adds its own)."""
+    return set((parent.run_dir.parent.parent / "sweeps").glob("ab-*"))
+
+
+def arms(sweeps) -> list[str]:
+    """The `+ab=` overrides of every job of these sweeps, sorted."""
+    jobs = [json.loads(line) for s in sweeps for line in (s / "jobs.jsonl").read_text().splitlines()]
+    return sorted(o for j in jobs for o in j["overrides"] if o.startswith("+ab="))
 
 
 def _check_report(out: str, err: str, parent, steps: str | None) -> None:
@@ -29,25 +41,16 @@ def _check_report(out: str, err: str, parent, steps: str | None) -> None:
 
 
 @pytest.mark.slow
-def test_local_ab_is_one_sweep_of_two_forks_with_a_table_and_a_verdict(tmp_path_factory, capfd):
-    parent = forkable_run(tmp_path_factory)
-    ab.main([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "2"])
-    out, err = capfd.readouterr()
-    _check_report(out, err, parent, "4…5 (2 steps)")
-    sweeps = list((parent.run_dir.parent.parent / "sweeps").glob("ab-*"))
-    jobs = [json.loads(line) for s in sweeps for line in (s / "jobs.jsonl").read_text().splitlines()]
-    assert sorted(o for j in jobs for o in j["overrides"]) == ["+ab=candidate", "+ab=control"]  # one sweep, two arms
-
-
-@pytest.mark.slow
 def test_an_ab_from_the_parents_last_step_runs_past_it(tmp_path_factory, capfd):
     """From a finished parent's last step the arms train on past it: no parent steps to compare the
     control with, which one line says in place of that check."""
     parent = forkable_run(tmp_path_factory)                                  # 6 steps, checkpoints 3 and 6
+    before = ab_sweeps(parent)
     ab.main([f"{parent.run_dir}@6", "optim.lr=0.005", "--steps", "2"])
     out, err = capfd.readouterr()
     _check_report(out, err, parent, None)
     assert f"control vs parent: run {parent.run_id} ends at step 6: no parent steps to compare the control with" in out
+    assert arms(ab_sweeps(parent) - before) == ["+ab=candidate", "+ab=control"]  # one sweep, two arms
 
 
 def test_a_parent_under_another_output_folder_by_its_name(tmp_path, capfd):
