@@ -8,7 +8,7 @@
 # a run that selects none of them starts nothing. Extra arguments go to pytest
 # (e.g. `bash scripts/test.sh tests/launch -x`).
 #
-# The quick pass (no root, Slurm or browser; on 2 cores under 3 min, with a warm JAX cache or a
+# The quick pass (no root, Slurm or browser; on 2 cores about 3 min, with a warm JAX cache or a
 # cold one: the suite's XLA flags make compiles cheap, tests/helpers.py):
 #   .venv/bin/python -m pytest -n 2 -m "not slow and not slurm and not browser"
 set -euo pipefail
