@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # XLA_FLAGS on to every process of a run): LLVM at -O0 and XLA:CPU's older (non-MLIR) fusion code
 # generator cut a tiny train step's compile, which is most of the suite's CPU, to a quarter to a
 # sixth of XLA's defaults, and slow its few steps about 3x; code generated as one LLVM module, not
-# split for parallel threads, takes a fifth less CPU again (the hero's compile too), and on a
-# machine the suite keeps busy no core is idle to take the split parts (benchmarks/test_flags.py).
+# split for parallel threads, takes 8-22 % less compile CPU again (tiny steps and the hero alike),
+# and on a machine the suite keeps busy no core is idle to take the split parts (benchmarks/test_flags.py).
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                   "--xla_cpu_parallel_codegen_split_count=1")
 

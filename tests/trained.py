@@ -80,6 +80,25 @@ def fork_of(tmp_path_factory, *overrides: str):
     return _made[key]
 
 
+# What `marin.ab` prints of its two arms side by side (tests/track/test_ab.py, and its Slurm run in
+# tests/launch/test_fork.py).
+AB_TABLE = ("loss (mean)", "eval loss (last)", "dropped fraction (mean)", "tokens/s (steady)", "MFU (steady)",
+            "peak memory GiB (max)")
+
+
+def ab_sweeps(parent) -> set:
+    """The A/B sweeps made so far from the shared parent (every A/B test of this worker adds its own)."""
+    return set((parent.run_dir.parent.parent / "sweeps").glob("ab-*"))
+
+
+def arms(sweeps) -> list[str]:
+    """The `+ab=` overrides of every job of these sweeps, sorted."""
+    import json
+
+    jobs = [json.loads(line) for s in sweeps for line in (s / "jobs.jsonl").read_text().splitlines()]
+    return sorted(o for j in jobs for o in j["overrides"] if o.startswith("+ab="))
+
+
 def _detach_run_logs() -> None:
     import logging
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.track.test_ab import TABLE, ab_sweeps, arms
-from tests.trained import fork_of, forkable_run
+from tests.trained import AB_TABLE, ab_sweeps, arms, fork_of, forkable_run
 
 
 def _tree_hash(folder: Path) -> str:
@@ -101,7 +100,7 @@ def test_ab_on_slurm_runs_its_two_forks_as_one_job_array(tmp_path_factory, track
     assert re.search(r"slurm array \d+: 2 jobs", captured.out + captured.err), captured.err[-3000:]
     assert "control vs parent: train/loss bit-for-bit equal at steps 4…4 (1 step)" in captured.out
     assert captured.out.strip().splitlines()[-1].startswith("verdict: candidate ")
-    assert all(label in captured.out for label in TABLE)                 # the arms side by side
+    assert all(label in captured.out for label in AB_TABLE)                 # the arms side by side
     assert arms(ab_sweeps(parent) - before) == ["+ab=candidate", "+ab=control"]  # one sweep, two arms
 
 

@@ -2,30 +2,15 @@
 two-job sweep (here; one Slurm array on the cluster), its side-by-side table and verdict, and the
 control checked bit for bit against the parent's own steps (from a step inside the parent: the
 Slurm A/B, tests/launch/test_fork.py, which checks the same table)."""
-import json
 
 import pytest
 
 from marin import ab
-from tests.trained import forkable_run
-
-TABLE = ("loss (mean)", "eval loss (last)", "dropped fraction (mean)", "tokens/s (steady)", "MFU (steady)",
-         "peak memory GiB (max)")
-
-
-def ab_sweeps(parent) -> set:
-    """The A/B sweeps made so far from the shared parent (every test of this worker adds its own)."""
-    return set((parent.run_dir.parent.parent / "sweeps").glob("ab-*"))
-
-
-def arms(sweeps) -> list[str]:
-    """The `+ab=` overrides of every job of these sweeps, sorted."""
-    jobs = [json.loads(line) for s in sweeps for line in (s / "jobs.jsonl").read_text().splitlines()]
-    return sorted(o for j in jobs for o in j["overrides"] if o.startswith("+ab="))
+from tests.trained import AB_TABLE, ab_sweeps, arms, forkable_run
 
 
 def _check_report(out: str, err: str, parent, steps: str | None) -> None:
-    for label in TABLE:
+    for label in AB_TABLE:
         assert label in out
     if steps is not None:
         assert f"control vs parent: train/loss bit-for-bit equal at steps {steps}" in out
