@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TEST_XLA_FLAGS, locked
+from tests.helpers import SUITE_SITE, TEST_XLA_FLAGS, locked
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -27,6 +27,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # init steps (80 KiB and up) are cached.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", str(16 << 10))
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ["MARIN_SITE"] = str(SUITE_SITE)  # the suite's own site settings (tests/site/local/site.yaml)
 if TEST_XLA_FLAGS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):   # unless the user chose a level itself
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 

@@ -24,13 +24,17 @@ TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitt
                   "--xla_cpu_parallel_codegen_split_count=1")
 
 
+# The suite's site folder ($MARIN_SITE for every test, tests/conftest.py): settings every run of the
+# suite shares (tests/site/local/site.yaml).
+SUITE_SITE = ROOT / "tests" / "site"
+
 _MEMO: dict = {}
 
 
 def _memoised(key, make):
-    """make(), once per process per key; each caller gets its own copy. Not while MARIN_SITE is
-    set: the site tests change its file between composes."""
-    if os.environ.get("MARIN_SITE"):
+    """make(), once per process per key; each caller gets its own copy. Not under another site
+    folder than the suite's: the site tests change their file between composes."""
+    if os.environ.get("MARIN_SITE") != str(SUITE_SITE):
         return make()
     if key not in _MEMO:
         _MEMO[key] = make()

@@ -10,7 +10,9 @@ _made: dict = {}
 
 
 def overrides_for(root) -> list[str]:
-    return [*TINY_RUN, f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
+    # its report is read (tests/track/test_report.py): drawn at its end, as a user's run is (the
+    # suite's site leaves it out, tests/site/local/site.yaml)
+    return [*TINY_RUN, "tracking.report=true", f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
 
 
 def tiny_run(tmp_path_factory):

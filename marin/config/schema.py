@@ -317,6 +317,8 @@ class TrackingConfig:
     experiment: Optional[str] = setting(None, "MLflow experiment; default: the experiment name or \"default\"")
     system_metrics: bool = setting(True, "log the machine's CPU, memory, disk, network (GPU with nvidia-ml-py) "
                                    "as system/… every 10 s (MLflow's monitor, in the tracking process); false: off")
+    report: bool = setting(True, "draw report.html at the run's end (in the tracking process); false: only when "
+                           "asked, python -m marin.report <run>")
 
 
 @dataclass

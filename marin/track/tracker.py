@@ -72,13 +72,15 @@ class Tracker:
     report_timeout_s = 300.0
 
     def __init__(self, record, process_index: int = 0, flush_every_s: float = 5.0, run_dir: Path | None = None,
-                 system_metrics_s: float | None = None):
+                 system_metrics_s: float | None = None, report: bool = True):
         # `record`: a RunRecord, or the Future of one (a new local run's MLflow run, being made by the
         # tracking process while JAX starts; `run_dir` is its directory, there already): calls are
         # taken at once and sent once it exists. If it cannot be made, they are dropped.
         # `system_metrics_s`: the tracking process samples this machine's use every that many
-        # seconds into the run (`system/…`, MLflow's monitor); None: not at all.
+        # seconds into the run (`system/…`, MLflow's monitor); None: not at all. `report`: whether
+        # `report` draws the run's page (tracking.report).
         self._record = record
+        self.draws_report = report
         self.system_metrics_s = system_metrics_s
         self._watching = False            # the tracking process watches the run (a fresh one is told again)
         self.enabled = process_index == 0 and record is not None
@@ -99,7 +101,8 @@ class Tracker:
         self._sender = threading.Thread(target=self._serve, name="marin-tracker", daemon=True)
         self._sender.start()
         self._jobs.put(self._reopen)
-        self._jobs.put(lambda: self._attempt_quietly(worker.warm_report))  # the report's imports, early
+        if report:
+            self._jobs.put(lambda: self._attempt_quietly(worker.warm_report))  # the report's imports, early
 
     # ------------------------------------------------------------------ the caller's side
     def log_metrics(self, metrics: dict, step: int) -> None:
@@ -260,11 +263,12 @@ class Tracker:
 
     def report(self) -> None:
         """The run's HTML report (marin/report.py) into its directory and MLflow, drawn by the
-        sender after `finish`; never fails the run, and skipped when the store did not answer."""
+        sender after `finish` (unless tracking.report is off); never fails the run, and skipped when
+        the store did not answer."""
         if not self.enabled or self._abandoned or self.not_made:
             return
         done = threading.Event()
-        self._jobs.put(lambda: (self._report(), done.set()))
+        self._jobs.put(lambda: (self.draws_report and self._report(), done.set()))
         self._jobs.put(_STOP)
         done.wait(self.report_timeout_s)
 

@@ -72,7 +72,8 @@ class Trainer:
         self.cfg, self.rec, self.loader, self.on_restored = cfg, rec, loader, on_restored
         self.registering = registering
         self.tracker = Tracker(registering or rec, process_index=jax.process_index(), run_dir=rec.run_dir,
-                               system_metrics_s=SYSTEM_METRICS_S if cfg.tracking.system_metrics else None)
+                               system_metrics_s=SYSTEM_METRICS_S if cfg.tracking.system_metrics else None,
+                               report=cfg.tracking.report)
         self.metrics = self.ckpt = self.loads = self.watchdog = self.announced = None
 
     def _made(self, wait: bool) -> None:

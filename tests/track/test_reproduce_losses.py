@@ -1,23 +1,21 @@
 """Reproducing a finished run from its record (no overrides) gives bitwise-identical losses on CPU."""
-import re
-import subprocess
-import sys
-from pathlib import Path
+import json
 
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import new_store
+from tests.helpers import launch_here, new_store
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=micro", "train.steps=8", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
         "train.eval_batches=1"]
 
 
-def launch(*args):
-    done = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return re.search(r"mlflow run: (\w+)", done.stderr).group(1), re.search(r"run directory: (\S+)", done.stderr).group(1)
+def launch(out, *args):
+    """`launch.py <args>` (in this process) that makes one new run under `out`: (its MLflow run id, its directory)."""
+    before = set((out / "runs").glob("*"))
+    assert launch_here(*args) == 0
+    [run_dir] = set((out / "runs").glob("*")) - before
+    return json.loads((run_dir / "record.json").read_text())["run_id"], run_dir
 
 
 def losses(client, run_id):
@@ -27,8 +25,8 @@ def losses(client, run_id):
 @pytest.mark.slow
 def test_reproduced_run_has_bitwise_identical_losses(tmp_path):
     uri = new_store(tmp_path)
-    first_id, first_dir = launch(*TINY, "train.seed=3", f"run.out_dir={tmp_path}", f"tracking.uri={uri}")
-    again_id, again_dir = launch(f"reproduce={first_dir}", f"tracking.uri={uri}", f"run.out_dir={tmp_path}")
+    first_id, first_dir = launch(tmp_path, *TINY, "train.seed=3", f"run.out_dir={tmp_path}", f"tracking.uri={uri}")
+    again_id, again_dir = launch(tmp_path, f"reproduce={first_dir}", f"tracking.uri={uri}", f"run.out_dir={tmp_path}")
     assert again_dir != first_dir  # a new run, never the old directory
     client = MlflowClient(uri)
     original, reproduced = losses(client, first_id), losses(client, again_id)

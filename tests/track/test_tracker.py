@@ -44,6 +44,17 @@ def test_metrics_tags_text_artifacts_read_back(configure, store, tmp_path):
     assert rec.info()["status"] == "FINISHED"
 
 
+def test_with_the_report_off_a_run_ends_without_its_page(configure, store):
+    """tracking.report=false: `report` draws nothing (python -m marin.report draws it when asked)."""
+    rec = record.create(*configure("run.name=trk-quiet"))
+    t = tracker.Tracker(rec, report=False)
+    t.log_metrics({"train/loss": 5.0}, step=1)
+    t.finish()
+    t.report()
+    assert not (rec.run_dir / "report.html").exists()
+    assert MlflowClient(store["uri"]).get_run(rec.run_id).info.status == "FINISHED"
+
+
 def test_other_processes_log_nothing_and_statuses_are_checked(configure, store):
     rec = record.create(*configure("run.name=trk-fail"))
     other = tracker.Tracker(rec, process_index=1)

@@ -26,7 +26,7 @@ def test_loss_falls_and_run_is_tracked(tmp_path, capsys):
     bar's eval lines and its last state; the run's last line on stdout sums it up."""
     from marin.train.loop import train
 
-    cfg, rec = start(tmp_path, "train.steps=40")
+    cfg, rec = start(tmp_path, "train.steps=40", "tracking.report=true")
     summary = train(cfg, rec)
     log = (rec.run_dir / "run.log").read_text()
     assert "step 10: " in log and "macro_loss" in log and "40/40" in log, log
@@ -71,7 +71,8 @@ def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
     nothing to run and says so (exit 0, the report untouched)."""
     from marin.train.loop import train
 
-    cfg, rec = start(tmp_path, "train.steps=8", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32")
+    cfg, rec = start(tmp_path, "train.steps=8", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32",
+                     "tracking.report=true")
     train(cfg, rec)
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("stopped at step 3 of 8 (train.stop_after): train loss "), line
@@ -142,6 +143,7 @@ def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
     ratio = statistics.median(tps[s] for s in after_eval) / statistics.median(v for s, v in tps.items() if s not in after_eval)
     assert ratio < 10, f"tokens/s on the steps after an eval is {ratio:.1f}x the others': {tps}"
     assert {r["step"] for r in rows if r["key"] == "usage/time/eval_s"} == {5, 10, 15, 20, 25, 30}
+    assert not (rec.run_dir / "report.html").exists()  # the suite's site turns the report off (tracking.report)
 
 
 @pytest.mark.slow

@@ -92,7 +92,7 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
     with err.open("w") as stderr, said.open("w") as stdout:
         proc = subprocess.Popen([sys.executable, "launch.py", "model=micro", "train.steps=100000", "train.seq_len=32",
                                  "train.global_batch=4", "train.eval_every=0", f"run.out_dir={out}",
-                                 f"tracking.uri={uri}"], cwd=root, env=env, stdout=stdout, stderr=stderr)
+                                 f"tracking.uri={uri}", "tracking.report=true"], cwd=root, env=env, stdout=stdout, stderr=stderr)
         deadline = time.monotonic() + 300
         while "loss=" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
