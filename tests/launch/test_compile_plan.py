@@ -117,7 +117,7 @@ def test_offload_without_host_memory_is_one_clear_line():
 def test_ragged_on_cpu_compiles_a_stand_in_and_says_so_in_one_line():
     """XLA:CPU lowers ragged_all_to_all but cannot compile it: the real step is lowered (its
     ragged collectives counted), the figures are a same-buffers stand-in's, one note says so."""
-    done = launch("model=tiny", "model.num_experts=8", "hardware=h200_node", "train.seq_len=32",
+    done = launch("model=micro", "model.num_experts=8", "hardware=h200_node", "train.seq_len=32",
                   "train.global_batch=8", "model.ep_transport=ragged", "dry_run=compile_json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr

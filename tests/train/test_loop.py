@@ -146,24 +146,18 @@ def test_tokens_per_s_has_no_spikes_around_evals(tmp_path):
     assert not (rec.run_dir / "report.html").exists()  # the suite's site turns the report off (tracking.report)
 
 
-@pytest.mark.slow
-def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(tmp_path):
+def test_a_run_whose_mlflow_run_cannot_be_made_stops_at_once_and_leaves_nothing(tmp_path, capsys):
     """marin.launch.local.run_local makes the directory and the MLflow run before training, all or nothing: a store
-    that cannot take the run gives one line, exit 2, and no run directory (launch.py, as a user runs it)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
+    that cannot take the run gives one line, exit 2, and no run directory (launch.py's dispatch, in this process)."""
     garbage = tmp_path / "store" / "mlflow.db"
     garbage.parent.mkdir()
     garbage.write_text("not a database")
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "launch.py", "model=micro", "train.seq_len=32", "train.global_batch=8",
-                           "train.eval_batches=1", "train.steps=100000", f"run.out_dir={out}",
-                           f"tracking.uri=sqlite:///{garbage}"], cwd=root, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "error: could not create the run record" in done.stderr and "Traceback" not in done.stderr
+    code = launch_here("model=micro", "train.seq_len=32", "train.global_batch=8", "train.eval_batches=1",
+                       "train.steps=100000", f"run.out_dir={out}", f"tracking.uri=sqlite:///{garbage}")
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "error: could not create the run record" in err and "Traceback" not in err
     assert not list((out / "runs").iterdir())
 
 
