@@ -147,13 +147,13 @@ def fake_run_dir(out_dir, resolved_yaml: str, name: str = "probe") -> str:
     return run_id
 
 
-def checkpoint_sealed(run_dir: Path) -> bool:
+def checkpoint_sealed(run_dir: Path, step: int | None = None) -> bool:
     """Whether a run has a checkpoint a restart would resume from (what the Slurm tests wait for
-    before they preempt or kill a job): a step's folder whose every per-process manifest is there.
-    Stricter than `listed_steps`, which also counts a folder with neither meta nor manifests (from
-    before manifests), as a step just committed and not yet sealed looks for a moment."""
-    return any(p.name.isdigit() and manifest.kind(p) == "per-process" and manifest.complete(p)
-               for p in (Path(run_dir) / "checkpoints").glob("*"))
+    before they preempt or kill a job), or that of `step`: a step's folder whose every per-process
+    manifest is there. Stricter than `listed_steps`, which also counts a folder with neither meta
+    nor manifests (from before manifests), as a step just committed and not yet sealed looks for a moment."""
+    return any(p.name.isdigit() and (step is None or int(p.name) == step) and manifest.kind(p) == "per-process"
+               and manifest.complete(p) for p in (Path(run_dir) / "checkpoints").glob("*"))
 
 
 def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:

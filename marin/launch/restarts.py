@@ -2,13 +2,13 @@
 
 The batch script runs the tasks with `srun --kill-on-bad-exit=1`, so one task that dies (a
 non-zero exit, `kill -9`, the hang watchdog's `WATCHDOG_EXIT`, a GPU fault) ends the whole step;
-after srun the same script runs this module, outside the step (alive whichever task died):
+after a failed srun the same script runs this module, outside the step (alive whichever task died):
 
     python -m marin.launch.restarts <submitit folder> --exit-code $? --started <epoch s>
 
 (the run directory and `hardware.max_restarts` come from the job's pickled submission there)
 
-- srun succeeded (0): nothing to do.
+- srun succeeded (0): nothing to do (the batch script does not start it then).
 - a task died and this job has restarted fewer than N times after a fault: record the restart,
   set aside the result files the dead start's tasks left (`wait=true` must not read them as the
   job's end) and `scontrol requeue` the job. The requeued job runs the same submission, which

@@ -176,11 +176,12 @@ def executor(cfg, folder: Path) -> submitit.SlurmExecutor:
 
 
 def restart_lines(folder: Path) -> list[str]:
-    """The batch script's lines after srun: srun's status goes to the restart policy, which
-    requeues the job or ends its MLflow run FAILED; the job ends with srun's status."""
+    """The batch script's lines after srun: a failed srun's status goes to the restart policy,
+    which requeues the job or ends its MLflow run FAILED (after one that succeeded there is nothing
+    to do, and no interpreter to start); the job ends with srun's status."""
     policy = shlex.join([sys.executable, "-m", "marin.launch.restarts", str(Path(folder).resolve())])
     return ["marin_exit=$?  # srun's status: a task that died ended the step",
-            f'{policy} --exit-code "$marin_exit" --started "$marin_started"',
+            f'if [ "$marin_exit" -ne 0 ]; then {policy} --exit-code "$marin_exit" --started "$marin_started"; fi',
             'exit "$marin_exit"']
 
 

@@ -1,8 +1,8 @@
 """On the local Slurm cluster (scripts/services_up.sh): the launch path with a cheap probe in each
 task, a multirun as one job array, a 2-process training job that logs one MLflow run and takes a
-forced checkpoint, and a preempted job, a job whose task is killed (kill -9) and a job whose task
-hangs (caught by the hang watchdog) that requeue or restart themselves and finish with exactly the
-losses of the uninterrupted one."""
+forced checkpoint, a preempted job that requeues itself, and a job whose task hangs (caught by the
+hang watchdog) and then, restarted, is killed (kill -9): each fault restarts it, and both finish
+with exactly the losses of the uninterrupted one."""
 import json
 import os
 import re
@@ -138,6 +138,19 @@ def submitted(runs_dir: Path, name: str) -> tuple[str, Path] | None:
     return None
 
 
+_ASKED: dict[str, float] = {}  # job id: when sacct was last asked whether it still runs
+
+
+def still_running(job_id: str, waiting_for: str) -> None:
+    """Fails once the job has ended (what it was waiting for never came); asks sacct at most every
+    2 s (the tests poll what they wait for five times a second)."""
+    if time.monotonic() - _ASKED.get(job_id, 0.0) < 2.0:
+        return
+    _ASKED[job_id] = time.monotonic()
+    state = sacct_state(job_id)
+    assert state.split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), f"{waiting_for} ({state})"
+
+
 def checkpointed(runs_dir: Path, name: str) -> str | None:
     """The Slurm job id of the run `name` once it has sealed its first checkpoint; fails once the
     job is no longer running without one."""
@@ -146,8 +159,7 @@ def checkpointed(runs_dir: Path, name: str) -> str | None:
     job_id, run_dir = job
     if checkpoint_sealed(run_dir):
         return job_id
-    state = sacct_state(job_id)
-    assert state.split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), f"no checkpoint in {name} ({state})"
+    still_running(job_id, f"no checkpoint in {name}")
     return None
 
 
@@ -197,36 +209,52 @@ def when_ready(actions: dict, timeout: float = 600) -> dict:
     return results
 
 
-# The hung job's watchdog limit: CI's 2 loaded cores have run these steps at 2.3 s each, and a 6 s
-# limit once fired on a step that was only slow.
-HANG_LIMIT_S, HANG_STEP = 20.0, 11
+# The faulty job's watchdog limit: CI's 2 loaded cores have run these steps at 2.3 s each, and a 6 s
+# limit once fired on a step that was only slow. It checkpoints every 4 steps: the hang before step 7
+# resumes from 4, and the kill comes once the restarted job has sealed step 8 (16 steps before the end).
+HANG_LIMIT_S, HANG_STEP, FAULTY_EVERY, KILL_AFTER = 20.0, 7, 4, 8
 
 
 JOBS = {  # run.name: its own overrides
     "preempted": ["hardware.max_restarts=0"],  # no restart can hide a failure
-    "killed": ["hardware.max_restarts=2"],     # room for a fault of a loaded machine too
-    "hung": [f"train.watchdog_minutes={HANG_LIMIT_S / 60}", f"debug.hang_at_step={HANG_STEP}", "debug.hang_process=1"],
+    "faulty": ["hardware.max_restarts=3",      # its two faults, and room for one of a loaded machine
+               f"train.checkpoint.every_steps={FAULTY_EVERY}", f"train.watchdog_minutes={HANG_LIMIT_S / 60}",
+               f"debug.hang_at_step={HANG_STEP}", "debug.hang_process=1"],
     "straight": ["wait=true"],
 }
 
 
+def restarted_past(runs_dir: Path, name: str, step: int) -> str | None:
+    """The Slurm job id of the run `name` once it has restarted after a fault and sealed the
+    checkpoint of `step`; fails once the job is no longer running without it."""
+    if not (job := submitted(runs_dir, name)):
+        return None
+    job_id, run_dir = job
+    if (run_dir / "restarts.jsonl").is_file() and checkpoint_sealed(run_dir, step):
+        return job_id
+    still_running(job_id, f"{name} never restarted past step {step}")
+    return None
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tracking_uri):
-    """The same training four times on the cluster at once:
+    """The same training three times on the cluster at once:
     - straight through (`wait=true`, from the command line), its task 1 starting 40 s late (task 0
       waits for it past gloo's 30 s rendezvous), with a forced checkpoint (`marin.ctl checkpoint`
       → scancel --signal=USR1) at its first step boundary, after which it trains on;
     - preempted after its first checkpoint;
-    - its task 1 killed (SIGKILL) after its first checkpoint;
-    - its task 1 hung before step 11 (task 0 then waits in the step's collectives): both tasks'
-      hang watchdogs fire and the job restarts from its checkpoint at step 8."""
+    - faulty: its task 1 hung before step 7 (task 0 then waits in the step's collectives): both
+      tasks' hang watchdogs fire and the job restarts from its checkpoint at step 4; then, once the
+      restarted job has sealed step 8, its task 1 killed (SIGKILL): it restarts from step 8.
+    One job takes both faults: a job for each cost two more tasks' start and compile and a tracking
+    process (about 30 CPU-s)."""
     from marin.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("slurm-train")
     common = [*TRAIN, f"run.out_dir={out}", f"tracking.uri={tracking_uri}"]
     # Tokenized here, once, not by each job.
     prepare(make_config(*TRAIN, f"run.out_dir={out}"), progress=False)
-    # All four submitted at once: a job past its first checkpoint ends in seconds, so what is
+    # All three submitted at once: a job past its first checkpoint ends in seconds, so what is
     # done to one must not wait for another's submission.
     procs = {name: subprocess.Popen([sys.executable, "launch.py", *common, f"run.name={name}", *extra], cwd=ROOT,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -236,7 +264,7 @@ def runs(tmp_path_factory, tracking_uri):
     try:
         ctl = when_ready({
             "preempted": (lambda: checkpointed(runs_dir, "preempted"), preempt),
-            "killed": (lambda: checkpointed(runs_dir, "killed"), lambda job_id: kill_task(job_id, 1)),
+            "faulty": (lambda: restarted_past(runs_dir, "faulty", KILL_AFTER), lambda job_id: kill_task(job_id, 1)),
             "straight": (lambda: announced(procs["straight"], runs_dir, "straight", tasks=2), force_checkpoint),
         })["straight"]
         said = {name: proc.communicate(timeout=800) for name, proc in procs.items()}
@@ -252,7 +280,7 @@ def runs(tmp_path_factory, tracking_uri):
             if proc.poll() is None:
                 proc.kill()
     jobs = {}
-    for name in ("preempted", "killed", "hung"):
+    for name in ("preempted", "faulty"):
         (stdout, stderr), code = said[name], procs[name].returncode
         assert code == 0, stdout + stderr
         jobs[name] = (field(stdout, "slurm job"), Path(field(stdout, "run directory")), stdout)
@@ -302,18 +330,18 @@ def logged_losses(run_dir: Path) -> list[tuple[int, float]]:
 def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(runs):
     from mlflow import MlflowClient
 
-    job_id, run_dir, stdout, final = runs["killed"]
+    job_id, run_dir, stdout, final = runs["faulty"]
     assert final.startswith("COMPLETED"), final        # no person requeued it
     faults = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
-    [fault] = [f for f in faults if "SIGKILL" in f["cause"]]
+    [fault] = [f for f in faults if "SIGKILL" in f["cause"]]   # its second fault (the first: the hang, below)
     assert fault["restarted"] and 0 < fault["resume_step"] <= fault["step"] < STEPS
     code, straight_stdout, _ = runs["straight"]
     assert code == 0
     reference = dict(logged_losses(Path(field(straight_stdout, "run directory"))))
     killed = logged_losses(run_dir)
     assert sorted({step for step, _ in killed}) == list(range(1, STEPS + 1))
-    # the steps after the checkpoint ran twice (none when the kill came right at the checkpoint) ...
-    assert len(killed) == STEPS + fault["step"] - fault["resume_step"]
+    # the steps after each fault's checkpoint ran twice (none when it came right at the checkpoint) ...
+    assert len(killed) == STEPS + sum(f["step"] - f["resume_step"] for f in faults)
     assert all(value == reference[step] for step, value in killed)   # ... with bitwise the same losses
     run = MlflowClient(runs["uri"]).get_run(field(stdout, "mlflow run"))
     assert run.info.status == "FINISHED" and run.data.tags["restarts"] == str(len(faults))
@@ -323,11 +351,12 @@ def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(runs):
 def test_a_hang_is_caught_the_job_restarts_and_its_losses_equal_the_straight_runs(runs):
     from mlflow import MlflowClient
 
-    job_id, run_dir, stdout, final = runs["hung"]
+    job_id, run_dir, stdout, final = runs["faulty"]
     assert final.startswith("COMPLETED"), final
     faults = (run_dir / "restarts.jsonl").read_text() if (run_dir / "restarts.jsonl").is_file() else ""
-    [fault] = [json.loads(line) for line in faults.splitlines()]   # the injected hang, and nothing else
-    assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == 8, faults
+    fault, kill = [json.loads(line) for line in faults.splitlines()]   # the injected hang, then the kill
+    assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == FAULTY_EVERY, faults  # below step 7
+    assert "SIGKILL" in kill["cause"] and kill["resume_step"] == KILL_AFTER, faults
     assert fault["cause"].startswith("the hang watchdog ended a task"), faults
     logs = {task: "".join(p.read_text() for p in (run_dir / "slurm").glob(f"*_{task}_log.err")) for task in (0, 1)}
     for task, text in logs.items():  # every process wrote its stacks, within the limit plus a minute
