@@ -129,6 +129,10 @@ def test_server_restart_during_training_loses_no_metric(configure, tmp_path):
         t.log_metrics({"loss": 1.0}, step=1)   # server away: kept
         proc = _server(tmp_path / "db.sqlite", tmp_path / "art", port)
         t.log_metrics({"loss": 2.0}, step=2)
+        # The server is back: what the tracker kept reaches it. Its call made while the server was
+        # away may still sit in MLflow's own backoff (2, 4, 8, 16 s...): on a loaded machine that
+        # outlasted finish's 30 s and the metrics went to unsent_metrics.jsonl (once in a full run).
+        assert t.flush(timeout=180)
         t.finish("FINISHED")
         history = MlflowClient(uri).get_metric_history(rec.run_id, "loss")
         assert sorted(m.step for m in history) == [0, 1, 2]
