@@ -151,15 +151,16 @@ def still_running(job_id: str, waiting_for: str) -> None:
     assert state.split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), f"{waiting_for} ({state})"
 
 
-def checkpointed(runs_dir: Path, name: str) -> str | None:
-    """The Slurm job id of the run `name` once it has sealed its first checkpoint; fails once the
-    job is no longer running without one."""
+def checkpointed(runs_dir: Path, name: str, step: int | None = None, restarted: bool = False) -> str | None:
+    """The Slurm job id of the run `name` once it has sealed a checkpoint (that of `step`), after a
+    fault restarted it when `restarted`; fails once the job is no longer running without it."""
     if not (job := submitted(runs_dir, name)):
         return None
     job_id, run_dir = job
-    if checkpoint_sealed(run_dir):
+    if (not restarted or (run_dir / "restarts.jsonl").is_file()) and checkpoint_sealed(run_dir, step):
         return job_id
-    still_running(job_id, f"no checkpoint in {name}")
+    which = f"checkpoint {step}" if step is not None else "checkpoint"
+    still_running(job_id, f"no {which} in {name}" + (" after a restart" if restarted else ""))
     return None
 
 
@@ -224,17 +225,6 @@ JOBS = {  # run.name: its own overrides
 }
 
 
-def restarted_past(runs_dir: Path, name: str, step: int) -> str | None:
-    """The Slurm job id of the run `name` once it has restarted after a fault and sealed the
-    checkpoint of `step`; fails once the job is no longer running without it."""
-    if not (job := submitted(runs_dir, name)):
-        return None
-    job_id, run_dir = job
-    if (run_dir / "restarts.jsonl").is_file() and checkpoint_sealed(run_dir, step):
-        return job_id
-    still_running(job_id, f"{name} never restarted past step {step}")
-    return None
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tracking_uri):
@@ -264,7 +254,8 @@ def runs(tmp_path_factory, tracking_uri):
     try:
         ctl = when_ready({
             "preempted": (lambda: checkpointed(runs_dir, "preempted"), preempt),
-            "faulty": (lambda: restarted_past(runs_dir, "faulty", KILL_AFTER), lambda job_id: kill_task(job_id, 1)),
+            "faulty": (lambda: checkpointed(runs_dir, "faulty", KILL_AFTER, restarted=True),
+                       lambda job_id: kill_task(job_id, 1)),
             "straight": (lambda: announced(procs["straight"], runs_dir, "straight", tasks=2), force_checkpoint),
         })["straight"]
         said = {name: proc.communicate(timeout=800) for name, proc in procs.items()}
