@@ -71,7 +71,8 @@ def test_slurm_run_resumes_in_the_same_directory(tmp_path, tracking_uri):
     import os
 
     env = {**os.environ, "MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
-    first = launch("hardware=slurm_cpu", "model=micro", "wait=true", f"run.out_dir={tmp_path}",
+    one_task = ("hardware.tasks_per_node=1", "hardware.mesh.expert=1")  # a job's tasks: tests/launch/test_slurm.py
+    first = launch("hardware=slurm_cpu", *one_task, "model=micro", "wait=true", f"run.out_dir={tmp_path}",
                    f"tracking.uri={tracking_uri}", env=env)
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     run_dir = run_dir_of(first)

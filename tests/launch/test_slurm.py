@@ -1,8 +1,8 @@
 """On the local Slurm cluster (scripts/services_up.sh): the launch path with a cheap probe in each
 task, a multirun as one job array, a 2-process training job that logs one MLflow run and takes a
-forced checkpoint, a preempted job that requeues itself, and a job whose task hangs (caught by the
-hang watchdog) and then, restarted, is killed (kill -9): each fault restarts it, and both finish
-with exactly the losses of the uninterrupted one."""
+forced checkpoint, and a job whose task hangs (caught by the hang watchdog), then, restarted, is
+killed (kill -9), and then, restarted again, is preempted: each fault restarts it, the preemption
+requeues it, and it finishes with exactly the losses of the uninterrupted job."""
 import json
 import os
 import re
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
-STEPS = 24
+STEPS = 32
 TRAIN = ["hardware=slurm_cpu", "model=micro", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
          "train.eval_every=0", "train.eval_batches=1", "train.checkpoint.every_steps=8"]
 
@@ -103,7 +103,9 @@ def test_a_refused_submission_is_reported_and_resumable(tmp_path, tracking_uri):
 
 
 def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
-    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "model=micro", "optim.lr=0.001,0.003",
+    # one task an element (the probe above checks a job's two): what is under test is the array
+    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "hardware.tasks_per_node=1",
+                  "hardware.mesh.expert=1", "model=micro", "optim.lr=0.001,0.003",
                   f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}", extra_env=PROBE)
     assert done.returncode == 0, done.stdout + done.stderr
     array = re.search(r"slurm array (\d+): 2 jobs", done.stdout)
@@ -112,7 +114,7 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert [j[0] for j in jobs] == [f"{array.group(1)}_0", f"{array.group(1)}_1"]
     for job_id, _, run_dir in jobs:
         assert wait_for_job(job_id).startswith("COMPLETED")
-        assert json.loads((Path(run_dir) / "probe-1.json").read_text())["process_count"] == 2
+        assert json.loads((Path(run_dir) / "probe-0.json").read_text())["process_count"] == 1
     from mlflow import MlflowClient
     from omegaconf import OmegaConf
 
@@ -151,16 +153,23 @@ def still_running(job_id: str, waiting_for: str) -> None:
     assert state.split()[0] in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"), f"{waiting_for} ({state})"
 
 
-def checkpointed(runs_dir: Path, name: str, step: int | None = None, restarted: bool = False) -> str | None:
-    """The Slurm job id of the run `name` once it has sealed a checkpoint (that of `step`), after a
-    fault restarted it when `restarted`; fails once the job is no longer running without it."""
+def faults_of(run_dir: Path) -> list[dict]:
+    """The faults the restart policy recorded for a run (restarts.jsonl), oldest first."""
+    path = run_dir / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def checkpointed(runs_dir: Path, name: str, faults: int, past: int) -> str | None:
+    """The Slurm job id of the run `name` once `faults` faults have restarted it and it has sealed
+    the checkpoint `past` steps after the step it resumed from (so the attempt that wrote it is
+    training, its signal handlers installed); fails once the job is no longer running without it."""
     if not (job := submitted(runs_dir, name)):
         return None
     job_id, run_dir = job
-    if (not restarted or (run_dir / "restarts.jsonl").is_file()) and checkpoint_sealed(run_dir, step):
+    seen = faults_of(run_dir)
+    if len(seen) >= faults and checkpoint_sealed(run_dir, past + (seen[faults - 1]["resume_step"] if faults else 0)):
         return job_id
-    which = f"checkpoint {step}" if step is not None else "checkpoint"
-    still_running(job_id, f"no {which} in {name}" + (" after a restart" if restarted else ""))
+    still_running(job_id, f"no checkpoint {past} steps on in {name} after {faults} faults")
     return None
 
 
@@ -212,13 +221,15 @@ def when_ready(actions: dict, timeout: float = 600) -> dict:
 
 # The faulty job's watchdog limit: CI's 2 loaded cores have run these steps at 2.3 s each, and a 6 s
 # limit once fired on a step that was only slow. It checkpoints every 4 steps: the hang before step 7
-# resumes from 4, and the kill comes once the restarted job has sealed step 8 (16 steps before the end).
+# resumes from 4; the kill comes once the restarted job has sealed step 8 (24 steps before the end),
+# and the preemption once the job restarted after the kill has sealed step 12 (20 before the end).
 HANG_LIMIT_S, HANG_STEP, FAULTY_EVERY, KILL_AFTER = 20.0, 7, 4, 8
 
 
 JOBS = {  # run.name: its own overrides
-    "preempted": ["hardware.max_restarts=0"],  # no restart can hide a failure
-    "faulty": ["hardware.max_restarts=3",      # its two faults, and room for one of a loaded machine
+    # Room for its two faults and one more: the tests then count exactly two, so a preemption that
+    # failed to requeue (a third fault, restarted by the policy) cannot hide.
+    "faulty": ["hardware.max_restarts=3",
                f"train.checkpoint.every_steps={FAULTY_EVERY}", f"train.watchdog_minutes={HANG_LIMIT_S / 60}",
                f"debug.hang_at_step={HANG_STEP}", "debug.hang_process=1"],
     "straight": ["wait=true"],
@@ -228,24 +239,24 @@ JOBS = {  # run.name: its own overrides
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tracking_uri):
-    """The same training three times on the cluster at once:
+    """The same training twice on the cluster at once:
     - straight through (`wait=true`, from the command line), its task 1 starting 40 s late (task 0
       waits for it past gloo's 30 s rendezvous), with a forced checkpoint (`marin.ctl checkpoint`
       → scancel --signal=USR1) at its first step boundary, after which it trains on;
-    - preempted after its first checkpoint;
     - faulty: its task 1 hung before step 7 (task 0 then waits in the step's collectives): both
       tasks' hang watchdogs fire and the job restarts from its checkpoint at step 4; then, once the
-      restarted job has sealed step 8, its task 1 killed (SIGKILL): it restarts from step 8.
-    One job takes both faults: a job for each cost two more tasks' start and compile and a tracking
-    process (about 30 CPU-s)."""
+      restarted job has sealed step 8, its task 1 killed (SIGKILL): it restarts from step 8; then,
+      once that attempt has sealed step 12, preempted: it checkpoints and requeues itself.
+    One job takes the three: a job for each cost two more tasks' start and compile and a tracking
+    process each (about 25 CPU-s)."""
     from marin.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("slurm-train")
     common = [*TRAIN, f"run.out_dir={out}", f"tracking.uri={tracking_uri}"]
     # Tokenized here, once, not by each job.
     prepare(make_config(*TRAIN, f"run.out_dir={out}"), progress=False)
-    # All three submitted at once: a job past its first checkpoint ends in seconds, so what is
-    # done to one must not wait for another's submission.
+    # Both submitted at once: a job past its first checkpoint ends in seconds, so what is done to
+    # one must not wait for the other's submission.
     procs = {name: subprocess.Popen([sys.executable, "launch.py", *common, f"run.name={name}", *extra], cwd=ROOT,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=env_with(LATE if name == "straight" else None))
@@ -253,9 +264,9 @@ def runs(tmp_path_factory, tracking_uri):
     runs_dir = out / "runs"
     try:
         ctl = when_ready({
-            "preempted": (lambda: checkpointed(runs_dir, "preempted"), preempt),
-            "faulty": (lambda: checkpointed(runs_dir, "faulty", KILL_AFTER, restarted=True),
-                       lambda job_id: kill_task(job_id, 1)),
+            "kill": (lambda: checkpointed(runs_dir, "faulty", faults=1, past=KILL_AFTER - FAULTY_EVERY),
+                     lambda job_id: kill_task(job_id, 1)),
+            "preempt": (lambda: checkpointed(runs_dir, "faulty", faults=2, past=FAULTY_EVERY), preempt),
             "straight": (lambda: announced(procs["straight"], runs_dir, "straight", tasks=2), force_checkpoint),
         })["straight"]
         said = {name: proc.communicate(timeout=800) for name, proc in procs.items()}
@@ -270,15 +281,13 @@ def runs(tmp_path_factory, tracking_uri):
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
-    jobs = {}
-    for name in ("preempted", "faulty"):
-        (stdout, stderr), code = said[name], procs[name].returncode
-        assert code == 0, stdout + stderr
-        jobs[name] = (field(stdout, "slurm job"), Path(field(stdout, "run directory")), stdout)
-    finals = {name: wait_for_job(job_id) for name, (job_id, _, _) in jobs.items()}
+    (stdout, stderr), code = said["faulty"], procs["faulty"].returncode
+    assert code == 0, stdout + stderr
+    job_id = field(stdout, "slurm job")
+    faulty = (job_id, Path(field(stdout, "run directory")), stdout, wait_for_job(job_id))
     (stdout, stderr), straight = said["straight"], procs["straight"]
     return {"straight": (straight.returncode, stdout, stderr), "asked": asked, "uri": tracking_uri,
-            **{name: (*jobs[name], finals[name]) for name in jobs}}
+            "faulty": faulty}
 
 
 def test_two_process_job_trains_and_logs_one_mlflow_run(runs):
@@ -297,13 +306,21 @@ def test_two_process_job_trains_and_logs_one_mlflow_run(runs):
     assert (final / "ocdbt.process_0").is_dir() and (final / "ocdbt.process_1").is_dir()  # both wrote
 
 
-def test_preempted_job_requeues_and_finishes_with_the_same_losses(runs):
-    job_id, run_dir, stdout, final = runs["preempted"]
+def test_a_preempted_job_requeues_itself_and_finishes_with_the_same_losses(runs):
+    """The faulty job's third interruption, after its two faults: TERM then USR2, as Slurm sends
+    them. It checkpoints at the next step boundary and requeues itself, outside the restart
+    policy's budget (no third fault), and the requeued job resumes from that checkpoint."""
+    job_id, run_dir, stdout, final = runs["faulty"]
     assert final.startswith("COMPLETED"), final
-    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    assert re.search(r"Restarts=[1-9]", show), show
     logs = "".join(p.read_text() for p in (run_dir / "slurm").glob("*_0_log.err"))
-    assert "requeued Slurm job" in logs or "requeue" in logs
+    stopped = re.search(r"preemption signal: checkpointed at step (\d+); requeueing", logs)
+    assert stopped, logs[-3000:]
+    # its first requeue: the faults' restarts have their own budget (hardware.max_restarts)
+    assert f"requeued Slurm job {job_id} (restart 1 of at most" in logs, logs[-3000:]
+    step = int(stopped.group(1))
+    assert KILL_AFTER + FAULTY_EVERY <= step < STEPS
+    assert f"resumed from step {step} " in logs.split(stopped.group(0))[1]
+    assert [f["exit_code"] == WATCHDOG_EXIT for f in faults_of(run_dir)] == [True, False]  # the hang, the kill
     code, straight_stdout, _ = runs["straight"]
     assert code == 0
     reference = losses(runs["uri"], field(straight_stdout, "mlflow run"))
@@ -323,7 +340,7 @@ def test_killed_task_restarts_the_job_which_finishes_with_the_same_losses(runs):
 
     job_id, run_dir, stdout, final = runs["faulty"]
     assert final.startswith("COMPLETED"), final        # no person requeued it
-    faults = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    faults = faults_of(run_dir)
     [fault] = [f for f in faults if "SIGKILL" in f["cause"]]   # its second fault (the first: the hang, below)
     assert fault["restarted"] and 0 < fault["resume_step"] <= fault["step"] < STEPS
     code, straight_stdout, _ = runs["straight"]
@@ -344,8 +361,8 @@ def test_a_hang_is_caught_the_job_restarts_and_its_losses_equal_the_straight_run
 
     job_id, run_dir, stdout, final = runs["faulty"]
     assert final.startswith("COMPLETED"), final
-    faults = (run_dir / "restarts.jsonl").read_text() if (run_dir / "restarts.jsonl").is_file() else ""
-    fault, kill = [json.loads(line) for line in faults.splitlines()]   # the injected hang, then the kill
+    faults = faults_of(run_dir)
+    fault, kill = faults   # the injected hang, then the kill (the preemption after them is no fault)
     assert fault["exit_code"] == WATCHDOG_EXIT and fault["resume_step"] == FAULTY_EVERY, faults  # below step 7
     assert "SIGKILL" in kill["cause"] and kill["resume_step"] == KILL_AFTER, faults
     assert fault["cause"].startswith("the hang watchdog ended a task"), faults
