@@ -1,11 +1,10 @@
-"""`python -m marin.ctl checkpoint <run>` (marin/ctl.py): refusals in-process, then a forced
-checkpoint in a real launch.py run that goes on to finish (the Slurm side: tests/launch/test_slurm.py)."""
+"""`python -m marin.ctl checkpoint <run>` (marin/ctl.py): refusals, then a forced checkpoint in a
+real run that goes on to finish (the Slurm side, `marin.ctl` in a process of its own against a
+job's processes: tests/launch/test_slurm.py)."""
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -74,28 +73,44 @@ def test_sigusr1_asks_for_one_checkpoint_at_the_next_step_boundary():
 
 
 @pytest.mark.slow
-def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capsys):
-    """launch.py, tiny model, 200 steps; `marin.ctl checkpoint` once the first step is logged."""
+def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capfd, monkeypatch):
+    """A micro run of 200 steps in this process (launch.py's dispatch, as `launch_here`: no new
+    interpreter and tracking process to start) and, from another thread once its first step is
+    logged, `marin.ctl checkpoint <run>`: it finds the run's process (this one) and signals it."""
+    import threading
+
     from mlflow import MlflowClient
 
-    uri, steps = new_store(tmp_path), 200
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    err_path = tmp_path / "stderr.txt"
-    with err_path.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "launch.py", "model=micro", f"train.steps={steps}", "train.seq_len=32",
-                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
-                                 "train.checkpoint.every_steps=50", "train.checkpoint.keep_last=1",  # the forced one outlives them
-                                 f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}"],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    from tests.helpers import launch_here
+
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    uri, steps, asked = new_store(tmp_path), 200, {}
+
+    def ask_once_a_step_is_logged() -> None:
         deadline = time.monotonic() + 300
-        while "loss=" not in err_path.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            logged = [m for m in tmp_path.glob("runs/*/metrics.jsonl") if "train/loss" in m.read_text()]
+            if logged:
+                asked["run_dir"] = logged[0].parent
+                try:
+                    asked["code"] = ctl.main(["checkpoint", str(logged[0].parent)])
+                except SystemExit as end:
+                    asked["code"] = end.code
+                return
             time.sleep(0.1)
-        run_dir = Path(re.search(r"run directory: (.+)", err_path.read_text()).group(1))
-        code, out, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
-        assert code == 0 and f"process {proc.pid} (SIGUSR1)" in out, out + err
-        rc = proc.wait(timeout=300)
-    text = err_path.read_text()
-    assert rc == 0, text[-3000:]
+
+    asker = threading.Thread(target=ask_once_a_step_is_logged, daemon=True)
+    asker.start()
+    rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
+                     "train.eval_every=0", f"run.out_dir={tmp_path}",
+                     "train.checkpoint.every_steps=50", "train.checkpoint.keep_last=1",  # the forced one outlives them
+                     f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
+    asker.join()
+    out, err = capfd.readouterr()
+    assert rc == 0, err[-3000:]
+    run_dir = asked["run_dir"]
+    assert asked["code"] == 0 and f"process {os.getpid()} (SIGUSR1)" in out, out + err[-3000:]
     forced = re.search(r"forced checkpoint at step (\d+) written and verified", (run_dir / "run.log").read_text())
     assert forced, (run_dir / "run.log").read_text()[-2000:]
     step = int(forced.group(1))
@@ -110,5 +125,5 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     assert [(m.step, m.value) for m in history] == [(step, step)]
     assert max(m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")) == steps
     assert not list((run_dir / "processes").iterdir())   # gone with the run ...
-    code, _, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
+    code, _, err = ctl_main("checkpoint", str(run_dir), capsys=capfd)
     assert code == 2 and "no running process" in err  # ... so a finished run is not signalled

@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -74,37 +75,45 @@ def test_poll_passes_the_rolling_checkpoint_decision():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, sig, code):
-    """launch.py in a subprocess; the signal comes once the first step is logged. The run lives
-    under a folder with a space: the resume command in the run's last line (stdout) is shell-quoted."""
+def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, capfd, monkeypatch, sig, code):
+    """launch.py's dispatch in this process (as `launch_here`: no new interpreter and tracking
+    process to start); the signal comes to this process once the first step is logged, as the
+    shell's Ctrl-C or a `kill` would. The run lives under a folder with a space: the resume command
+    in the run's last line (stdout) is shell-quoted."""
     import re
     import shlex
-    import sys
+    import threading
     import time
-    from pathlib import Path
 
     from mlflow import MlflowClient
 
-    root = Path(__file__).resolve().parents[2]
-    uri = new_store(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    err, out, said = tmp_path / "stderr.txt", tmp_path / "my runs", tmp_path / "stdout.txt"
-    with err.open("w") as stderr, said.open("w") as stdout:
-        proc = subprocess.Popen([sys.executable, "launch.py", "model=micro", "train.steps=100000", "train.seq_len=32",
-                                 "train.global_batch=4", "train.eval_every=0", f"run.out_dir={out}",
-                                 f"tracking.uri={uri}", "tracking.report=true"], cwd=root, env=env, stdout=stdout, stderr=stderr)
+    from tests.helpers import launch_here
+
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    uri, out, steps = new_store(tmp_path), tmp_path / "my runs", 3000  # ends by itself if the signal never came
+
+    def signal_after_the_first_step() -> None:
         deadline = time.monotonic() + 300
-        while "loss=" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        proc.send_signal(sig)
-        rc = proc.wait(timeout=300)
-    text = err.read_text()
+        while time.monotonic() < deadline:
+            if any("train/loss" in m.read_text() for m in out.glob("runs/*/metrics.jsonl")):
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.1)
+
+    sender = threading.Thread(target=signal_after_the_first_step, daemon=True)
+    sender.start()
+    rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
+                     "train.eval_every=0", f"run.out_dir={out}", f"tracking.uri={uri}", "tracking.report=true")
+    sender.join()
+    said, text = capfd.readouterr()
     assert rc == code, text[-3000:]
     run_dir = Path(re.search(r"run directory: (.+)", text).group(1))
     assert run_dir.parent.parent == out
     assert "resume=" not in text  # said once, in the summary line
-    (line,) = said.read_text().splitlines()
-    assert re.match(rf"killed at step \d+ of 100000 \({signal.Signals(sig).name}, checkpoint saved\): train loss \d", line)
+    (line,) = said.splitlines()
+    assert re.match(rf"killed at step \d+ of {steps} \({signal.Signals(sig).name}, checkpoint saved\): train loss \d",
+                    line)
     assert f"; run directory {run_dir}; mlflow run " in line and f"; report {run_dir / 'report.html'}; " in line, line
     assert shlex.split(line.split("continue with: ")[1]) == ["python", "launch.py", f"resume={run_dir}"], line
     assert "Traceback" not in text
