@@ -161,7 +161,7 @@ def test_end_closes_the_parent_with_its_jobs(store, multirun_job, monkeypatch):
 
 
 @pytest.mark.slow
-def test_local_sweep_life_cycle(tmp_path):
+def test_local_sweep_life_cycle(tmp_path, capsys):
     """Start (the parent is shown first), a job that fails does not stop the others, the parent
     ends FAILED with them, and `marin.status` finds the sweep by name."""
     out, uri = tmp_path / "out", new_store(tmp_path)
@@ -176,10 +176,11 @@ def test_local_sweep_life_cycle(tmp_path):
     parent_id = err.split("MLflow parent run ")[1].split()[0]
     client = MlflowClient(uri)
     assert client.get_run(parent_id).info.status == "FAILED"
-    status = subprocess.run([sys.executable, "-m", "marin.status", "life", "--out-dir", str(out)], cwd=PROJECT_ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert status.returncode == 0, status.stderr
-    rows = {line.split()[0]: line.split()[1:4] for line in status.stdout.splitlines()[2:]}
+    from marin import status
+
+    capsys.readouterr()
+    assert status.main(["life", "--out-dir", str(out)]) == 0
+    rows = {line.split()[0]: line.split()[1:4] for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["lr=0.001"][:2] == ["FINISHED", "3/3"] and rows["lr=1e+30"][0] == "FAILED"
 
 

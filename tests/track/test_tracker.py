@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 
 from marin.track import record, tracker
 from marin.track.record import RunRecord
+from tests.helpers import new_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,6 +121,7 @@ def _stop(proc):
 def test_server_restart_during_training_loses_no_metric(configure, tmp_path):
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
+    new_store(tmp_path, "db.sqlite")  # migrated already: the server starts without MLflow's migrations
     proc = _server(tmp_path / "db.sqlite", tmp_path / "art", port)
     try:
         rec = record.create(*configure("run.name=restart", f"tracking.uri={uri}"))
