@@ -20,7 +20,7 @@ def launch(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
-TINY = ("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "hardware.mesh.fsdp=true", "optim.offload=true",
+MICRO = ("model=micro", "hardware=local_cpu8", "train.seq_len=32", "hardware.mesh.fsdp=true", "optim.offload=true",
         "model.offload_carry=true", "model.remat=full", "hardware.memory_per_device_gib=1.0")
 
 
@@ -31,13 +31,13 @@ def test_tiny_compile_plan_reports_memory_host_bytes_and_fit(capsys):
     result) are checked here, without a second 8-device process to trace and lower the steps again."""
     from tests.helpers import launch_here
 
-    done = launch(*TINY, "dry_run=compile_json")
+    done = launch(*MICRO, "dry_run=compile_json")
     assert done.returncode == 0, done.stderr[-3000:]
     progress = [line for line in done.stderr.splitlines() if line.startswith("compile: ")]
     assert progress[0].startswith("compile: one replica of") and progress[-1].startswith("compile: eval step compiled in")
     assert any(line.startswith("compile: train step compiled in") for line in progress)
     out = json.loads(done.stdout)
-    assert launch_here("model=tiny", "hardware=local_cpu8", "train.seq_len=32", "dry_run=json") == 0
+    assert launch_here("model=micro", "hardware=local_cpu8", "train.seq_len=32", "dry_run=json") == 0
     plan_keys = json.loads(capsys.readouterr().out)
     assert set(plan_keys) - {"memory_per_device_gib"} <= set(out)
     train, evals = out["compiled"]["train_step"], out["compiled"]["eval_step"]

@@ -88,7 +88,8 @@ def test_probe_job_sees_two_processes_split_experts_and_no_outer_slurm_variables
 
 
 def test_wait_exits_with_the_jobs_failure(tmp_path, tracking_uri):
-    done = launch("hardware=slurm_cpu", "model=micro", "wait=true", "hardware.max_restarts=0",
+    done = launch("hardware=slurm_cpu", "hardware.tasks_per_node=1", "hardware.mesh.expert=1", "model=micro",
+                  "wait=true", "hardware.max_restarts=0",
                   f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}",
                   extra_env={"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:crash"})
     assert done.returncode == 1, done.stdout + done.stderr

@@ -74,7 +74,7 @@ def test_sigusr1_asks_for_one_checkpoint_at_the_next_step_boundary():
 
 @pytest.mark.slow
 def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capfd, monkeypatch):
-    """A micro run of 200 steps in this process (launch.py's dispatch, as `launch_here`: no new
+    """A micro run of 100 steps in this process (launch.py's dispatch, as `launch_here`: no new
     interpreter and tracking process to start) and, from another thread once its first step is
     logged, `marin.ctl checkpoint <run>`: it finds the run's process (this one) and signals it."""
     import threading
@@ -85,7 +85,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
 
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
-    uri, steps, asked = new_store(tmp_path), 200, {}
+    uri, steps, asked = new_store(tmp_path), 100, {}
 
     def ask_once_a_step_is_logged() -> None:
         deadline = time.monotonic() + 300
@@ -104,7 +104,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     asker.start()
     rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
                      "train.eval_every=0", f"run.out_dir={tmp_path}",
-                     "train.checkpoint.every_steps=50", "train.checkpoint.keep_last=1",  # the forced one outlives them
+                     "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",  # the forced one outlives them
                      f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
     asker.join()
     out, err = capfd.readouterr()
@@ -117,7 +117,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     assert 1 <= step < steps                          # at a step boundary, before the end
     step_dir = run_dir / "checkpoints" / str(step)
     kept = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-    assert step in kept and not ({50, 100} - {step}) & set(kept), kept   # retention (keep_last=1) kept the forced one
+    assert step in kept and not ({25, 50} - {step}) & set(kept), kept   # retention (keep_last=1) kept the forced one
     assert not manifest.missing(step_dir) and manifest.damage(step_dir) is None and manifest.kind(step_dir) == "per-process"
     run = MlflowClient(uri).get_run(json.loads((run_dir / "record.json").read_text())["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["checkpoint.forced"] == str(step)
