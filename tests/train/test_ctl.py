@@ -87,9 +87,10 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
         monkeypatch.delenv(name)
     uri, steps, asked = new_store(tmp_path), 100, {}
 
+    ended = threading.Event()
+
     def ask_once_a_step_is_logged() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        while not ended.is_set():
             logged = [m for m in tmp_path.glob("runs/*/metrics.jsonl") if "train/loss" in m.read_text()]
             if logged:
                 asked["run_dir"] = logged[0].parent
@@ -102,13 +103,17 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
 
     asker = threading.Thread(target=ask_once_a_step_is_logged, daemon=True)
     asker.start()
-    rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
-                     "train.eval_every=0", f"run.out_dir={tmp_path}",
-                     "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",  # the forced one outlives them
-                     f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
-    asker.join()
+    try:
+        rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
+                         "train.eval_every=0", f"run.out_dir={tmp_path}",
+                         # retention keeps the forced checkpoint and the newest one
+                         "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",
+                         f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
+    finally:
+        ended.set()
+        asker.join()
     out, err = capfd.readouterr()
-    assert rc == 0, err[-3000:]
+    assert rc == 0 and "run_dir" in asked, err[-3000:]
     run_dir = asked["run_dir"]
     assert asked["code"] == 0 and f"process {os.getpid()} (SIGUSR1)" in out, out + err[-3000:]
     forced = re.search(r"forced checkpoint at step (\d+) written and verified", (run_dir / "run.log").read_text())
