@@ -161,14 +161,15 @@ def faults_of(run_dir: Path) -> list[dict]:
 
 
 def checkpointed(runs_dir: Path, name: str, faults: int, past: int) -> str | None:
-    """The Slurm job id of the run `name` once `faults` faults have restarted it and it has sealed
-    the checkpoint `past` steps after the step it resumed from (so the attempt that wrote it is
-    training, its signal handlers installed); fails once the job is no longer running without it."""
+    """The Slurm job id of the run `name` once `faults` (≥ 1) faults have restarted it and it has
+    sealed the checkpoint `past` steps after the step it last resumed from (so the attempt that
+    wrote it is training, its signal handlers installed); fails once the job is no longer running
+    without it."""
     if not (job := submitted(runs_dir, name)):
         return None
     job_id, run_dir = job
     seen = faults_of(run_dir)
-    if len(seen) >= faults and checkpoint_sealed(run_dir, past + (seen[faults - 1]["resume_step"] if faults else 0)):
+    if len(seen) >= faults and checkpoint_sealed(run_dir, seen[faults - 1]["resume_step"] + past):
         return job_id
     still_running(job_id, f"no checkpoint {past} steps on in {name} after {faults} faults")
     return None
