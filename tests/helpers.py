@@ -108,6 +108,31 @@ def launch_here(*overrides: str) -> int:
     return 0
 
 
+def launch_here_acting(out_dir: Path, act, *overrides: str) -> int:
+    """`launch_here(*overrides)`, with `act(run_dir)` called from another thread once the run under
+    `out_dir` has logged its first step: how a test sends this process what a shell's Ctrl-C, a
+    `kill` or `marin.ctl` would. A run that ends first is not acted on."""
+    import threading
+    import time
+
+    ended = threading.Event()
+
+    def act_once_a_step_is_logged() -> None:
+        while not ended.is_set():
+            if logged := [m for m in Path(out_dir).glob("runs/*/metrics.jsonl") if "train/loss" in m.read_text()]:
+                act(logged[0].parent)
+                return
+            time.sleep(0.1)
+
+    actor = threading.Thread(target=act_once_a_step_is_logged, daemon=True)
+    actor.start()
+    try:
+        return launch_here(*overrides)
+    finally:
+        ended.set()
+        actor.join()
+
+
 @contextmanager
 def signals_kept():
     """For training in a test's process: the handlers the trainer installs for preemption, stop

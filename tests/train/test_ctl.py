@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -77,41 +76,26 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     """A micro run of 100 steps in this process (launch.py's dispatch, as `launch_here`: no new
     interpreter and tracking process to start) and, from another thread once its first step is
     logged, `marin.ctl checkpoint <run>`: it finds the run's process (this one) and signals it."""
-    import threading
-
     from mlflow import MlflowClient
 
-    from tests.helpers import launch_here
+    from tests.helpers import launch_here_acting
 
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     uri, steps, asked = new_store(tmp_path), 100, {}
 
-    ended = threading.Event()
+    def ask(run_dir: Path) -> None:
+        asked["run_dir"] = run_dir
+        try:
+            asked["code"] = ctl.main(["checkpoint", str(run_dir)])
+        except SystemExit as end:
+            asked["code"] = end.code
 
-    def ask_once_a_step_is_logged() -> None:
-        while not ended.is_set():
-            logged = [m for m in tmp_path.glob("runs/*/metrics.jsonl") if "train/loss" in m.read_text()]
-            if logged:
-                asked["run_dir"] = logged[0].parent
-                try:
-                    asked["code"] = ctl.main(["checkpoint", str(logged[0].parent)])
-                except SystemExit as end:
-                    asked["code"] = end.code
-                return
-            time.sleep(0.1)
-
-    asker = threading.Thread(target=ask_once_a_step_is_logged, daemon=True)
-    asker.start()
-    try:
-        rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
-                         "train.eval_every=0", f"run.out_dir={tmp_path}",
-                         # retention keeps the forced checkpoint and the newest one
-                         "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",
-                         f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
-    finally:
-        ended.set()
-        asker.join()
+    rc = launch_here_acting(tmp_path, ask, "model=micro", f"train.steps={steps}", "train.seq_len=32",
+                            "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
+                            # retention keeps the forced checkpoint and the newest one
+                            "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",
+                            f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
     out, err = capfd.readouterr()
     assert rc == 0 and "run_dir" in asked, err[-3000:]
     run_dir = asked["run_dir"]

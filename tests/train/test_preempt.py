@@ -82,34 +82,17 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, capfd, monke
     in the run's last line (stdout) is shell-quoted."""
     import re
     import shlex
-    import threading
-    import time
 
     from mlflow import MlflowClient
 
-    from tests.helpers import launch_here
+    from tests.helpers import launch_here_acting
 
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     uri, out, steps = new_store(tmp_path), tmp_path / "my runs", 3000  # ends by itself if the signal never came
-
-    ended = threading.Event()
-
-    def signal_after_the_first_step() -> None:
-        while not ended.is_set():
-            if any("train/loss" in m.read_text() for m in out.glob("runs/*/metrics.jsonl")):
-                os.kill(os.getpid(), sig)
-                return
-            time.sleep(0.1)
-
-    sender = threading.Thread(target=signal_after_the_first_step, daemon=True)
-    sender.start()
-    try:
-        rc = launch_here("model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
-                         "train.eval_every=0", f"run.out_dir={out}", f"tracking.uri={uri}", "tracking.report=true")
-    finally:
-        ended.set()  # a run that ended by itself is not signalled afterwards
-        sender.join()
+    rc = launch_here_acting(out, lambda run_dir: os.kill(os.getpid(), sig),
+                            "model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
+                            "train.eval_every=0", f"run.out_dir={out}", f"tracking.uri={uri}", "tracking.report=true")
     said, text = capfd.readouterr()
     assert rc == code, text[-3000:]
     run_dir = Path(re.search(r"run directory: (.+)", text).group(1))
