@@ -428,8 +428,11 @@ def send_unsent(record: run_record.RunRecord) -> int:
 
 def catch_up(record: run_record.RunRecord) -> tuple[int, Path | None]:
     """Once the store is back: `send_unsent`, then the report the run's end could not draw (it
-    reads the metrics back from MLflow). Returns (metrics sent, the report written or None)."""
+    reads the metrics back from MLflow), unless the run had tracking.report=false. Returns
+    (metrics sent, the report written or None)."""
     sent = send_unsent(record)
+    if not record.resolved().tracking.report:
+        return sent, None
     from marin.track import report  # matplotlib: only when a report is drawn
 
     if (record.run_dir / report.REPORT).is_file():

@@ -71,7 +71,7 @@ def test_other_processes_log_nothing_and_statuses_are_checked(configure, store):
 
 
 def test_unreachable_store_keeps_metrics_and_sends_them_later(configure, store, caplog):
-    real = record.create(*configure("run.name=trk-away"))
+    real = record.create(*configure("run.name=trk-away", "tracking.report=true"))  # the suite's site: false
     away = RunRecord(real.run_dir, real.run_id, "http://127.0.0.1:9", real.experiment_name)
     t = tracker.Tracker(away, flush_every_s=0.0)
     with caplog.at_level(logging.WARNING, logger="marin.track"):
@@ -88,6 +88,17 @@ def test_unreachable_store_keeps_metrics_and_sends_them_later(configure, store, 
     assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"  # sent with them
     history = MlflowClient(store["uri"]).get_metric_history(real.run_id, "train/loss")
     assert sorted(m.step for m in history) == [0, 1, 2]
+
+
+def test_catching_up_draws_no_report_for_a_run_that_asked_for_none(configure, store):
+    real = record.create(*configure("run.name=trk-noreport", "tracking.report=false"))
+    away = RunRecord(real.run_dir, real.run_id, "http://127.0.0.1:9", real.experiment_name)
+    t = tracker.Tracker(away, flush_every_s=0.0, report=False)
+    t.log_metrics({"train/loss": 1.0}, step=0)
+    t.finish("FINISHED")
+    assert tracker.catch_up(real) == (1, None)                # the metric and status are sent …
+    assert not (real.run_dir / "report.html").exists()       # … and tracking.report=false still holds
+    assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"
 
 
 def _free_port() -> int:
