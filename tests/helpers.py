@@ -111,9 +111,11 @@ def launch_here(*overrides: str) -> int:
 def launch_here_acting(out_dir: Path, act, *overrides: str) -> int:
     """`launch_here(*overrides)`, with `act(run_dir)` called from another thread once the run under
     `out_dir` has logged its first step: how a test sends this process what a shell's Ctrl-C, a
-    `kill` or `marin.ctl` would. A run that ends first is not acted on."""
+    `kill` or `marin.ctl` would. A run that ends first is not acted on. The run is outside Slurm
+    (the SLURM_ variables of a suite run inside a job are hidden from it)."""
     import threading
     import time
+    from unittest import mock
 
     ended = threading.Event()
 
@@ -127,7 +129,10 @@ def launch_here_acting(out_dir: Path, act, *overrides: str) -> int:
     actor = threading.Thread(target=act_once_a_step_is_logged, daemon=True)
     actor.start()
     try:
-        return launch_here(*overrides)
+        with mock.patch.dict(os.environ):
+            for name in [k for k in os.environ if k.startswith("SLURM_")]:
+                del os.environ[name]
+            return launch_here(*overrides)
     finally:
         ended.set()
         actor.join()

@@ -72,7 +72,7 @@ def test_sigusr1_asks_for_one_checkpoint_at_the_next_step_boundary():
 
 
 @pytest.mark.slow
-def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capfd, monkeypatch):
+def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp_path, capfd):
     """A micro run of 100 steps in this process (launch.py's dispatch, as `launch_here`: no new
     interpreter and tracking process to start) and, from another thread once its first step is
     logged, `marin.ctl checkpoint <run>`: it finds the run's process (this one) and signals it."""
@@ -80,8 +80,6 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
 
     from tests.helpers import launch_here_acting
 
-    for name in [k for k in os.environ if k.startswith("SLURM_")]:
-        monkeypatch.delenv(name)
     uri, steps, asked = new_store(tmp_path), 100, {}
 
     def ask(run_dir: Path) -> None:

@@ -75,7 +75,7 @@ def test_poll_passes_the_rolling_checkpoint_decision():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, capfd, monkeypatch, sig, code):
+def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, capfd, sig, code):
     """launch.py's dispatch in this process (as `launch_here`: no new interpreter and tracking
     process to start); the signal comes to this process once the first step is logged, as the
     shell's Ctrl-C or a `kill` would. The run lives under a folder with a space: the resume command
@@ -87,8 +87,6 @@ def test_signal_outside_slurm_checkpoints_and_ends_killed(tmp_path, capfd, monke
 
     from tests.helpers import launch_here_acting
 
-    for name in [k for k in os.environ if k.startswith("SLURM_")]:
-        monkeypatch.delenv(name)
     uri, out, steps = new_store(tmp_path), tmp_path / "my runs", 3000  # ends by itself if the signal never came
     rc = launch_here_acting(out, lambda run_dir: os.kill(os.getpid(), sig),
                             "model=micro", f"train.steps={steps}", "train.seq_len=32", "train.global_batch=4",
