@@ -11,8 +11,8 @@ Reported as ratios taken in one run (the machine is shared and noisy):
 - compile: the train step of a 48-layer model against the same at 4 layers, equal width (the
   layers are one scan, so the target is ≤ 1.5×). The persistent compilation cache is off.
 
-Needs jax, flax, optax and numpy (plus this repository on the path); `--preset default`
-composes conf/ with Hydra as launch.py does.
+Both presets are composed through Hydra as launch.py composes them (`--preset h200` is
+benchmarks/presets.py's `d2048`, on hardware=h200).
 """
 from __future__ import annotations
 
@@ -23,37 +23,31 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # presets.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from marin.config import derive  # noqa: E402
 from marin.config.schema import Config  # noqa: E402
 from marin.model import accounting  # noqa: E402
 
 
-def default_config(*overrides: str) -> Config:
-    """The default run's config, composed exactly as launch.py does."""
+def compose_config(*overrides: str) -> Config:
+    """A config composed exactly as launch.py composes it (Hydra, the schema checks, derive)."""
     from marin.config.store import compose
     from marin.launch.checks import load
 
     return load(compose(overrides))[1]
 
 
-def h200_config() -> Config:
-    """The single-GPU check config of the architecture issue (no Hydra needed)."""
-    cfg = Config()
-    m, a, t = cfg.model, cfg.attention, cfg.train
-    m.d_model, m.num_layers, m.vocab_size = 2048, 8, 128256
-    m.num_experts, m.expert_width, m.latent_dim, m.shared_width = 64, 1024, 1024, 1024
-    m.num_shared_experts, m.capacity_factor, m.compute_dtype, m.remat = 2, 1.25, "bfloat16", True
-    a.head_dim, a.window = 128, 2048
-    cfg.router.top_k = 8
-    t.seq_len, t.global_batch, t.steps = 4096, 8, 100
-    cfg.hardware.platform = "gpu" if jax.default_backend() == "gpu" else "cpu"
-    cfg.hardware.gpus_per_node = 1
-    return derive.resolve(cfg)
+def preset_overrides(preset: str) -> list[str]:
+    """`default`: the default run; `h200`: benchmarks/presets.py's hero-shaped one-GPU config
+    (d 2048, 8 layers, E64 top-8, expert width and latent 1024, seq 4,096, bf16)."""
+    if preset == "default":
+        return []
+    from presets import PRESETS
+    return list(PRESETS["d2048"])
 
 
 def random_batch(cfg) -> dict:
@@ -146,15 +140,10 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device dense peak for MFU (H200 bf16: 989)")
     p.add_argument("--skip-compile", action="store_true")
     a = p.parse_args()
-    cfg = default_config() if a.preset == "default" else h200_config()
-    step_rate(cfg, a.rounds, a.matmul, a.peak_tflops)
+    overrides = preset_overrides(a.preset)
+    step_rate(compose_config(*overrides), a.rounds, a.matmul, a.peak_tflops)
     if not a.skip_compile:
-        if a.preset == "default":
-            shallow, deep = default_config("model.num_layers=4"), default_config("model.num_layers=48")
-        else:
-            shallow = h200_config()
-            deep = h200_config()
-            shallow.model.num_layers, deep.model.num_layers = 4, 48
+        shallow, deep = (compose_config(*overrides, f"model.num_layers={n}") for n in (4, 48))
         compile_ratio(shallow, deep, max(1, a.rounds // 2))
 
 
