@@ -35,8 +35,9 @@ def fits(cfg: Config, estimate_gib: float) -> bool | None:
 
 
 def device_peak(cfg: Config) -> float:
-    """The larger of the train step's and the eval step's estimates (GiB per device)."""
-    return max(accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg))
+    """The larger of the train step's and the eval step's estimates (GiB per device), each the
+    larger over `accounting.verdict_backends`: what a verdict judges."""
+    return accounting.device_peak(cfg)
 
 
 def over_memory(cfg: Config) -> str | None:
@@ -45,7 +46,8 @@ def over_memory(cfg: Config) -> str | None:
     hardware has no figure)."""
     hw = cfg.hardware
     memory = accounting.memory_per_device(cfg)
-    train, evaluation = memory["total"], accounting.eval_memory_per_device(cfg)
+    peaks = accounting.step_peaks(cfg)
+    train, evaluation = peaks["train"], peaks["eval"]
     estimate = max(train, evaluation)
     limit = derive.memory_limit_gib(hw)
     if limit is not None and estimate > limit:

@@ -80,6 +80,11 @@ def plan(cfg: Config) -> dict:
         "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
         "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
         "memory_eval_per_device_gib": accounting.eval_memory_per_device(cfg),
+        # what `dry_run=compile` (XLA:CPU, bf16 buffers held in fp32) should report; a verdict
+        # takes the larger of it and the GPU figure above (marin.launch.memory.verdict_backends)
+        "memory_cpu_compile_gib": accounting.memory_per_device(cfg, backend="cpu")["total"],
+        "memory_eval_cpu_compile_gib": accounting.eval_memory_per_device(cfg, backend="cpu"),
+        "memory_backend": accounting.backend_of(cfg),
         "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
         "memory_host_limit_gib": host_limit_gib(hw),  # hardware.host_memory_per_device_gib (None: no figure)
         "host_fits": host_fits(cfg, memory["host"]),
@@ -171,6 +176,9 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
           + [("eval step / device", f"{p['memory_eval_per_device_gib']:.1f} GiB  (estimate)")]
+          + ([("CPU compile / device", f"{p['memory_cpu_compile_gib']:.1f} GiB train, {p['memory_eval_cpu_compile_gib']:.1f} "
+                                       "eval  (estimate of dry_run=compile; the verdict takes the larger)")]
+             if p.get("memory_backend", "cpu") != "cpu" else [])
           + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)" + (
               "" if p["host_fits"] is None else
               f"; limit {p['memory_host_limit_gib']:.1f} GiB: {'fits' if p['host_fits'] else 'DOES NOT FIT'}"))]
