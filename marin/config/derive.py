@@ -179,7 +179,7 @@ class NeedsMemoryPlan(ValueError):
                          "(or pass validate.load its `memory`), or set true or false")
 
 
-def _offload_get(cfg: Config, name: str):
+def offload_value(cfg: Config, name: str):
     group, leaf = name.split(".")
     return getattr(getattr(cfg, group), leaf)
 
@@ -202,7 +202,7 @@ def offload_options(cfg: Config) -> list[dict[str, bool]]:
     others as given."""
     choices = []
     for name in OFFLOAD_FIELDS:
-        value = _offload_get(cfg, name)
+        value = offload_value(cfg, name)
         choices.append([False, True] if is_auto(value) and offload_allowed(cfg, name)
                        else [False] if is_auto(value) else [bool(value)])
     return [dict(zip(OFFLOAD_FIELDS, values)) for values in itertools.product(*choices)]
@@ -243,7 +243,7 @@ def resolve_offload(cfg: Config, memory: MemoryEstimate | None) -> None:
     """optim.offload and model.offload_carry `auto` (in place, on an otherwise resolved config):
     off where the hardware has no memory figure (a CPU run: nothing to fit, and offload only
     slows it), else `choose_offload`."""
-    autos = [name for name in OFFLOAD_FIELDS if is_auto(_offload_get(cfg, name))]
+    autos = [name for name in OFFLOAD_FIELDS if is_auto(offload_value(cfg, name))]
     if not autos:
         return
     if memory_limit_gib(cfg.hardware) is None:

@@ -64,6 +64,25 @@ def over_memory(cfg: Config) -> str | None:
     return None
 
 
+def offload_reason(cfg: Config) -> str:
+    """Why the resolved offload layout is what it is, in the plan's figures: what each switch
+    that is on would leave without it (derive.choose_offload picks the fitting layout that moves
+    the fewest bytes), or that everything fits without offload."""
+    limit = derive.memory_limit_gib(cfg.hardware)
+    if limit is None:
+        return "no memory figure for this hardware: nothing to fit (auto = off)"
+    cost = accounting.offload_estimate(cfg)
+    on = [name for name in derive.OFFLOAD_FIELDS if derive.offload_value(cfg, name)]
+    if not on:
+        return f"the plan fits without offload ({cost.device_gib:.1f} GiB per device, limit {limit:.1f})"
+    parts = []
+    for name in on:
+        other = accounting.offload_estimate(derive.with_offload(cfg, {name: False}))
+        verdict = "fits" if derive.offload_fits(cfg, other) else "does not fit"
+        parts.append(f"without {name} {other.device_gib:.1f} GiB per device, {other.host_gib:.1f} on host: {verdict}")
+    return f"{cost.device_gib:.1f} GiB per device with it, limit {limit:.1f}; " + "; ".join(parts)
+
+
 def machine_memory_gib() -> float | None:
     """This machine's physical memory in GiB; None where the OS does not say."""
     try:
