@@ -230,8 +230,8 @@ def choose_offload(cfg: Config, memory: MemoryEstimate) -> dict[str, bool]:
     per byte moved) and the optimizer state with the expert masters 61.6 GiB for 366 GiB moved
     (each step fetches every layer's masters twice and reads their gradients, masters and
     momentum in the update: 0.17), so the carries go first; neither alone fits, so both are on.
-    The plan computes this for every config instead of assuming the hero's order. Where nothing fits, the layout with the
-    smallest device estimate (the plan then says it does not fit)."""
+    The plan computes this for every config instead of assuming the hero's order. Where nothing
+    fits: the layout with the smallest device estimate (the plan then says it does not fit)."""
     costs = [(layout, memory(with_offload(cfg, layout))) for layout in offload_options(cfg)]
     fitting = [(layout, cost) for layout, cost in costs if offload_fits(cfg, cost)]
     if fitting:
