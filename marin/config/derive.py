@@ -12,7 +12,9 @@ Pure Python: importing this module never imports JAX.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
+from typing import Callable, NamedTuple
 
 from marin.config.counts import active_params
 from marin.config.fields import is_auto
@@ -149,11 +151,120 @@ def phase_boundary_steps(cfg: Config) -> list[int]:
     return [max(multiple, max(1, int(f * steps)) // multiple * multiple) for f in cfg.data.phase_boundaries]
 
 
-def resolve(cfg: Config) -> Config:
+class OffloadCost(NamedTuple):
+    """What the memory plan says of one offload layout (per device): the device estimate a
+    verdict judges, the pinned host bytes, and the bytes moved over the host link per step."""
+    device_gib: float
+    host_gib: float
+    moved_bytes: float
+
+
+# The memory plan, passed down from above (marin.model.accounting.offload_estimate): the cost of a
+# resolved config's layout. marin.config cannot import it (it is the bottom layer).
+MemoryEstimate = Callable[[Config], OffloadCost]
+OFFLOAD_FIELDS = ("optim.offload", "model.offload_carry")
+
+
+class CannotEstimate(Exception):
+    """Raised by a MemoryEstimate for a config it cannot cost (invalid in other fields, which
+    validation then reports): `auto` resolves off."""
+
+
+class NeedsMemoryPlan(ValueError):
+    """An offload `auto` on hardware with a memory figure, resolved without the memory plan."""
+
+    def __init__(self, field: str):
+        self.field = field
+        super().__init__("auto needs the memory plan to decide: validate through marin.launch.checks.load "
+                         "(or pass validate.load its `memory`), or set true or false")
+
+
+def offload_value(cfg: Config, name: str):
+    group, leaf = name.split(".")
+    return getattr(getattr(cfg, group), leaf)
+
+
+def _offload_set(cfg: Config, name: str, value: bool) -> None:
+    group, leaf = name.split(".")
+    setattr(getattr(cfg, group), leaf, value)
+
+
+def offload_allowed(cfg: Config, name: str) -> bool:
+    """Whether `name` may be on at all: the carry is staged only for rematerialised blocks; under
+    MuonH the offloaded masters rule out global-norm clipping (validate's own checks)."""
+    if name == "model.offload_carry":
+        return remat_mode(cfg.model.remat) != "none"
+    return not (cfg.optim.name == "muonh" and cfg.optim.grad_clip is not None)
+
+
+def offload_options(cfg: Config) -> list[dict[str, bool]]:
+    """Every layout `auto` may choose between: an `auto` field off or (where allowed) on, the
+    others as given."""
+    choices = []
+    for name in OFFLOAD_FIELDS:
+        value = offload_value(cfg, name)
+        choices.append([False, True] if is_auto(value) and offload_allowed(cfg, name)
+                       else [False] if is_auto(value) else [bool(value)])
+    return [dict(zip(OFFLOAD_FIELDS, values)) for values in itertools.product(*choices)]
+
+
+def with_offload(cfg: Config, layout: dict[str, bool]) -> Config:
+    out = copy.deepcopy(cfg)
+    for name, value in layout.items():
+        _offload_set(out, name, value)
+    return out
+
+
+def offload_fits(cfg: Config, cost: OffloadCost) -> bool:
+    """The device estimate within memory_limit_gib, and the host bytes within the host memory
+    per device where the hardware gives it."""
+    limit, host = memory_limit_gib(cfg.hardware), cfg.hardware.host_memory_per_device_gib
+    return cost.device_gib <= limit and (host is None or cost.host_gib <= host)
+
+
+def choose_offload(cfg: Config, memory: MemoryEstimate) -> dict[str, bool]:
+    """The layout `auto` resolves to: of those that fit, the one moving the fewest bytes over the
+    host link per step (so nothing is offloaded where everything fits). Not a fixed order
+    (carries first, say): which offload is cheaper depends on the model and the batch. For the
+    hero the carries free 36 GiB of the device for 72 GiB moved (out and back: 0.5 byte freed
+    per byte moved) and the optimizer state with the expert masters 61.6 GiB for 366 GiB moved
+    (each step fetches every layer's masters twice and reads their gradients, masters and
+    momentum in the update: 0.17), so the carries go first; neither alone fits, so both are on.
+    The plan computes this for every config instead of assuming the hero's order. Where nothing
+    fits: the layout with the smallest device estimate (the plan then says it does not fit)."""
+    costs = [(layout, memory(with_offload(cfg, layout))) for layout in offload_options(cfg)]
+    fitting = [(layout, cost) for layout, cost in costs if offload_fits(cfg, cost)]
+    if fitting:
+        return min(fitting, key=lambda lc: (lc[1].moved_bytes, sum(lc[0].values())))[0]
+    return min(costs, key=lambda lc: lc[1].device_gib)[0]
+
+
+def resolve_offload(cfg: Config, memory: MemoryEstimate | None) -> None:
+    """optim.offload and model.offload_carry `auto` (in place, on an otherwise resolved config):
+    off where the hardware has no memory figure (a CPU run: nothing to fit, and offload only
+    slows it), else `choose_offload`."""
+    autos = [name for name in OFFLOAD_FIELDS if is_auto(offload_value(cfg, name))]
+    if not autos:
+        return
+    if memory_limit_gib(cfg.hardware) is None:
+        layout = dict.fromkeys(autos, False)
+    elif memory is None:
+        raise NeedsMemoryPlan(autos[0])
+    else:
+        try:
+            layout = choose_offload(cfg, memory)
+        except CannotEstimate:
+            layout = dict.fromkeys(autos, False)
+    for name in autos:
+        _offload_set(cfg, name, layout[name])
+
+
+def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     """Return a copy of `cfg` with every ``auto`` leaf replaced by its derived value.
 
     Fields are filled in dependency order: shapes first (they feed the parameter count), then
-    the mesh, then steps (from the active parameter count), then the optimizer rule (from steps).
+    the mesh, then steps (from the active parameter count), then the optimizer rule (from steps),
+    last the offload switches (from the memory plan `memory` of everything else: `resolve_offload`).
     Leaves that are not ``auto`` are kept as given; `marin.config.validate` checks them.
     """
     cfg = copy.deepcopy(cfg)
@@ -202,6 +313,7 @@ def resolve(cfg: Config) -> Config:
             decay.end = t.steps
         if is_auto(decay.origin):  # the line starts where the rule switches on unless told otherwise
             decay.origin = decay.start
+    resolve_offload(cfg, memory)
     return cfg
 
 

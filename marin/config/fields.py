@@ -135,6 +135,18 @@ def get(cfg, dotted: str):
     return cfg
 
 
+def _same(value, choice) -> bool:
+    """`value` is `choice`; a bool only matches a bool (True == 1 would let 1 pass as a choice,
+    and 1 == True a bool pass as the choice 1)."""
+    if isinstance(value, bool) or isinstance(choice, bool):
+        return value is choice
+    return value == choice
+
+
+def _show(choice) -> str:
+    return str(choice).lower() if isinstance(choice, bool) else str(choice)
+
+
 def problems(cfg) -> list[tuple[str, str]]:
     """``(field, what is allowed)`` for every leaf outside its choices or range."""
     found = []
@@ -145,8 +157,8 @@ def problems(cfg) -> list[tuple[str, str]]:
         extra = ("'auto' or " if leaf.auto else "") + ("null or " if leaf.nullable else "")
         if leaf.choices is not None:
             allowed = leaf.allowed()
-            if value not in allowed or isinstance(value, bool):
-                found.append((leaf.name, f"must be {extra}one of {', '.join(map(str, allowed))}; got {value!r}"))
+            if not any(_same(value, choice) for choice in allowed):
+                found.append((leaf.name, f"must be {extra}one of {', '.join(map(_show, allowed))}; got {value!r}"))
         elif leaf.range is not None and not leaf.range.allows(value):
             found.append((leaf.name, f"must be {extra}{leaf.range.describe()}; got {value!r}"))
     return found

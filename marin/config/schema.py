@@ -20,6 +20,9 @@ from marin.config.registry import ATTENTION, ROUTERS, SCHEDULES, TRANSPORTS
 __all__ = ["AUTO", "Config", "GROUPS"]
 
 DTYPES = ("float32", "bfloat16")
+# optim.offload, model.offload_carry: on, off, or auto (marin.config.derive: on only where the memory
+# plan does not fit without it)
+OFFLOAD_CHOICES = (True, False, AUTO)
 # A group's `name` is the option Hydra chose (marin.config.store.name_options): missing until then.
 CHOSEN = "???"
 
@@ -56,7 +59,9 @@ class ModelConfig:
     init_std: Any = setting(AUTO, "auto = 0.5/sqrt(d)", range=POSITIVE)
     z_loss: float = setting(1e-4, "coefficient of logsumexp² in the loss", range=NON_NEGATIVE)
     remat: Any = setting(False, "none | full | dots: what a block keeps for the backward pass (true = full, false = none)")
-    offload_carry: bool = setting(False, "stage each layer's residual carry in host memory for the backward pass (needs remat)")
+    offload_carry: Any = setting(False, "stage each layer's residual carry in host memory for the backward pass (needs "
+                                 "remat); auto = on only where the memory plan does not fit without it",
+                                 choices=OFFLOAD_CHOICES)
     compute_dtype: str = setting("float32", "matmul dtype (master weights stay float32)", choices=DTYPES)
     router_dtype: str = setting("float32", "the router matmul's output dtype (then cast to float32)", choices=DTYPES)
     residual_dtype: str = setting("float32", "dtype of the residual stream (each layer's carry); the hero: bfloat16",
@@ -210,6 +215,9 @@ class HardwareConfig:
     memory_per_device_gib: Optional[float] = setting(None, "accelerator memory per device; None = unknown", range=POSITIVE)
     host_memory_per_device_gib: Optional[float] = setting(
         None, "host (CPU) memory per device for pinned-host offload; None = unknown", range=POSITIVE)
+    host_link_gbps: Optional[float] = setting(
+        None, "host↔device bandwidth per direction, GB/s (GB200 NVLink-C2C ≈ 450, H200 PCIe Gen5 ≈ 50): the plan's "
+        "time for the bytes offload moves per step; None = unknown", range=POSITIVE)
     memory_usable_fraction: float = setting(0.9, "of that memory, what a run may plan to use (allocator, NCCL buffers)",
                                             range=real(0.0, 1.0, lo_open=True))
     mesh: MeshConfig = setting(factory=MeshConfig)
@@ -252,7 +260,8 @@ class OptimConfig:
         "simple", "Newton–Schulz (a, b, c) per iteration: simple (one triple), quintic (the published 5-step "
         "schedule) or a list of ns_steps [a, b, c] triples (checked by marin.optim.newton_schulz)")
     grad_clip: Optional[float] = setting(None, "global-norm clip; None = off", range=POSITIVE)
-    offload: bool = setting(False, "optimizer state (and fp32 masters) in pinned host memory")
+    offload: Any = setting(False, "optimizer state (and fp32 masters) in pinned host memory; auto = on only where "
+                           "the memory plan does not fit without it", choices=OFFLOAD_CHOICES)
 
 
 @dataclass

@@ -103,10 +103,10 @@ def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     if cfg.model.remat not in (True, False, *derive.REMAT_MODES):
         problems.append(("model.remat", f"must be one of {', '.join(derive.REMAT_MODES)} (or true = full, "
                          f"false = none); got {cfg.model.remat!r}"))
-    elif cfg.model.offload_carry and derive.remat_mode(cfg.model.remat) == "none":
+    elif cfg.model.offload_carry is True and derive.remat_mode(cfg.model.remat) == "none":  # auto: off there
         problems.append(("model.offload_carry", "stages the carry of rematerialised blocks: needs model.remat "
                          "full or dots; got model.remat none"))
-    if cfg.optim.offload and cfg.optim.name == "muonh" and cfg.optim.grad_clip is not None:
+    if cfg.optim.offload is True and cfg.optim.name == "muonh" and cfg.optim.grad_clip is not None:  # auto: off there
         problems.append(("optim.grad_clip", "with optim.offload under muonh the experts' fp32 masters and "
                          "gradients stay in host memory, read one layer at a time; global-norm clipping "
                          f"would read them whole: set optim.grad_clip=null or optim.offload=false; got {cfg.optim.grad_clip}"))
@@ -207,19 +207,35 @@ def to_config(cfg: DictConfig) -> Config:
     return OmegaConf.to_object(cfg)
 
 
-def load(cfg: DictConfig | Config, checks: Iterable[Check] = ()) -> tuple[Config, Config]:
+def _valid_only(memory: derive.MemoryEstimate) -> derive.MemoryEstimate:
+    """`memory` asked only of configs whose other fields are valid (the plan's arithmetic assumes
+    them); for the rest offload `auto` resolves off and the checks below report the fields."""
+    def estimate(cfg: Config) -> derive.OffloadCost:
+        if fields.problems(cfg) or check_relations(cfg):
+            raise derive.CannotEstimate
+        return memory(cfg)
+    return estimate
+
+
+def load(cfg: DictConfig | Config, checks: Iterable[Check] = (),
+         memory: derive.MemoryEstimate | None = None) -> tuple[Config, Config]:
     """Validate a composed config; return (composed, resolved) or raise ConfigError.
 
     `checks`: functions of the resolved config returning ``(field, message)`` problems, run after
     the config's own rules. They live in the layers above (data files, checkpoints, forecasts):
-    marin.launch.checks.load passes them all."""
+    marin.launch.checks.load passes them all. `memory`: the memory plan that resolves
+    optim.offload / model.offload_carry `auto` (`derive.MemoryEstimate`; marin.model.accounting's
+    `offload_estimate`, passed down from the layers above)."""
     if isinstance(cfg, DictConfig) and (problems := unknown_keys(cfg) or missing_keys(cfg)):
         raise ConfigError(problems)
     composed = to_config(cfg) if isinstance(cfg, DictConfig) else cfg
     problems = check_leaves(composed)
     if problems:
         raise ConfigError(problems)
-    resolved = derive.resolve(composed)
+    try:
+        resolved = derive.resolve(composed, memory and _valid_only(memory))
+    except derive.NeedsMemoryPlan as err:
+        raise ConfigError([(err.field, str(err))]) from None
     problems = fields.problems(resolved)  # derived values must fit too
     if not problems:
         problems = check_relations(resolved) + [p for check in checks for p in check(resolved)]

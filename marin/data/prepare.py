@@ -34,6 +34,7 @@ from marin.config.validate import ConfigError, load
 from marin.data import builtin, mixture
 from marin.data.documents import Counts, UnreadableSource, documents, eval_subsets
 from marin.data.tokenizers import load_tokenizer, token_dtype
+from marin.model.accounting import offload_estimate  # resolves offload `auto` (pure Python)
 
 log = logging.getLogger("marin.data")
 FORMAT_VERSION = 1
@@ -175,7 +176,7 @@ def run(composed) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s] %(message)s")
     try:
-        _, cfg = load(composed, (mixture.check,))  # the data checks; the others are a launch's
+        _, cfg = load(composed, (mixture.check,), memory=offload_estimate)  # the data checks; the others are a launch's
     except ConfigError as err:
         print("\n".join(f"error: {n}: {m}" for n, m in err.problems), file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from marin.config import validate
 from marin.config.schema import Config
 from marin.data.mixture import check as check_data
+from marin.model.accounting import offload_estimate
 from marin.optim.decay import check as check_decay
 from marin.optim.newton_schulz import check as check_newton_schulz
 from marin.track.forecast_check import check_config as check_forecast
@@ -29,4 +30,4 @@ CHECKS = (
 
 
 def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
-    return validate.load(cfg, CHECKS)
+    return validate.load(cfg, CHECKS, memory=offload_estimate)  # the plan resolves offload `auto`

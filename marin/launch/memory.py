@@ -35,8 +35,9 @@ def fits(cfg: Config, estimate_gib: float) -> bool | None:
 
 
 def device_peak(cfg: Config) -> float:
-    """The larger of the train step's and the eval step's estimates (GiB per device)."""
-    return max(accounting.memory_per_device(cfg)["total"], accounting.eval_memory_per_device(cfg))
+    """The larger of the train step's and the eval step's estimates (GiB per device), each the
+    larger over `accounting.verdict_backends`: what a verdict judges."""
+    return accounting.device_peak(cfg)
 
 
 def over_memory(cfg: Config) -> str | None:
@@ -45,7 +46,8 @@ def over_memory(cfg: Config) -> str | None:
     hardware has no figure)."""
     hw = cfg.hardware
     memory = accounting.memory_per_device(cfg)
-    train, evaluation = memory["total"], accounting.eval_memory_per_device(cfg)
+    peaks = accounting.step_peaks(cfg)
+    train, evaluation = peaks["train"], peaks["eval"]
     estimate = max(train, evaluation)
     limit = derive.memory_limit_gib(hw)
     if limit is not None and estimate > limit:
@@ -60,6 +62,25 @@ def over_memory(cfg: Config) -> str | None:
                 f"hardware.host_memory_per_device_gib); offload less (optim.offload, model.offload_carry) or set "
                 f"plan.allow_over_memory=true")
     return None
+
+
+def offload_reason(cfg: Config) -> str:
+    """Why the resolved offload layout is what it is, in the plan's figures: what each switch
+    that is on would leave without it (derive.choose_offload picks the fitting layout that moves
+    the fewest bytes), or that everything fits without offload."""
+    limit = derive.memory_limit_gib(cfg.hardware)
+    if limit is None:
+        return "no memory figure for this hardware: nothing to fit (auto = off)"
+    cost = accounting.offload_estimate(cfg)
+    on = [name for name in derive.OFFLOAD_FIELDS if derive.offload_value(cfg, name)]
+    if not on:
+        return f"the plan fits without offload ({cost.device_gib:.1f} GiB per device, limit {limit:.1f})"
+    parts = []
+    for name in on:
+        other = accounting.offload_estimate(derive.with_offload(cfg, {name: False}))
+        verdict = "fits" if derive.offload_fits(cfg, other) else "does not fit"
+        parts.append(f"without {name} {other.device_gib:.1f} GiB per device, {other.host_gib:.1f} on host: {verdict}")
+    return f"{cost.device_gib:.1f} GiB per device with it, limit {limit:.1f}; " + "; ".join(parts)
 
 
 def machine_memory_gib() -> float | None:

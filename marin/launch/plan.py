@@ -14,7 +14,8 @@ import sys
 from marin.config import derive
 from marin.config.schema import Config
 from marin.data import mixture
-from marin.launch.memory import device_peak, fits, host_fits, host_limit_gib, over_machine_memory, over_memory
+from marin.launch.memory import (device_peak, fits, host_fits, host_limit_gib, offload_reason, over_machine_memory,
+                                 over_memory)
 from marin.launch.slurm import describe, slurm_parameters
 from marin.model import accounting
 from marin.optim.decay import describe as decay_lines
@@ -80,11 +81,17 @@ def plan(cfg: Config) -> dict:
         "memory_parts_gib": {k: v for k, v in memory.items() if k not in ("total", "host", "peak_phase")},
         "memory_peak_phase": accounting.PHASES[memory["peak_phase"]],
         "memory_eval_per_device_gib": accounting.eval_memory_per_device(cfg),
+        # what `dry_run=compile` (XLA:CPU, bf16 buffers held in fp32) should report; a verdict
+        # takes the larger of it and the GPU figure above (marin.launch.memory.verdict_backends)
+        "memory_cpu_compile_gib": accounting.memory_per_device(cfg, backend="cpu")["total"],
+        "memory_eval_cpu_compile_gib": accounting.eval_memory_per_device(cfg, backend="cpu"),
+        "memory_backend": accounting.backend_of(cfg),
         "memory_host_gib": memory["host"],  # optim.offload / model.offload_carry: pinned host memory
         "memory_host_limit_gib": host_limit_gib(hw),  # hardware.host_memory_per_device_gib (None: no figure)
         "host_fits": host_fits(cfg, memory["host"]),
         "memory_limit_gib": derive.memory_limit_gib(hw),
         "fits": fits(cfg, device_peak(cfg)),
+        "offload": offload(cfg),
     }
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "mode": t.init_from_mode, "seq_lens": derive.stage_seq_lens(cfg),
@@ -99,6 +106,33 @@ def plan(cfg: Config) -> dict:
         out["data_phases"] = list(cfg.data.phase_names)
         out["data_phase_starts"] = derive.phase_boundary_steps(cfg)
     return out
+
+
+def offload(cfg: Config) -> dict:
+    """The offload switches as resolved (`auto` from the memory plan), why, and what they move
+    over the host link per step (bytes per device) and how long that takes at hardware.host_link_gbps."""
+    traffic = accounting.host_traffic(cfg)
+    return {"optim": cfg.optim.offload, "carry": cfg.model.offload_carry, "reason": offload_reason(cfg),
+            "host_to_device_bytes": traffic["in"], "device_to_host_bytes": traffic["out"],
+            "bytes_by_part": {k: v for k, v in traffic.items() if k not in ("in", "out")},
+            "host_link_gbps": cfg.hardware.host_link_gbps,
+            "host_link_seconds_per_step": accounting.host_link_seconds(cfg, traffic)}
+
+
+def _offload_rows(o: dict) -> list[tuple[str, str]]:
+    """The plan table's offload lines: the switches and why, the bytes moved and their time."""
+    switches = f"optimizer {'on' if o['optim'] else 'off'}, carries {'on' if o['carry'] else 'off'}"
+    rows = [("offload", f"{switches}  ({o['reason']})")]
+    if o["host_to_device_bytes"] or o["device_to_host_bytes"]:
+        parts = o["bytes_by_part"]
+        by = ", ".join(f"{name} {parts[name + '_in'] / 1e9:.3g}/{parts[name + '_out'] / 1e9:.3g}"
+                       for name in ("optimizer", "masters", "carries") if parts[name + "_in"] or parts[name + "_out"])
+        secs = o["host_link_seconds_per_step"]
+        time = ("host_link_gbps unknown" if secs is None else
+                f"{secs:.3g} s at {o['host_link_gbps']:g} GB/s per direction")
+        rows.append(("host link / step", f"{o['host_to_device_bytes'] / 1e9:.3g} GB in, "
+                                         f"{o['device_to_host_bytes'] / 1e9:.3g} GB out ({by} GB in/out); {time}"))
+    return rows
 
 
 def layout(cfg: Config) -> dict:
@@ -165,16 +199,20 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         ("layout", [
             ("hardware", p["hardware"] + (f" × {p['racks']} racks" if p.get("racks", 1) != 1 else "")),
             ("mesh", " × ".join(f"{k} {v}" for k, v in p["mesh"].items()) + f" = {p['devices']} devices"),
-            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  (estimate, peak in the "
+            ("memory / device", f"{p['memory_per_device_gib']:.1f} GiB  ({p.get('memory_backend', 'cpu')} estimate, peak in the "
                                 f"{p['memory_peak_phase']} phase; {_layout(p['layout'])})"
                                 + ("" if p["fits"] is None else
                                    f"; limit {p['memory_limit_gib']:.1f} GiB: {'fits' if p['fits'] else 'DOES NOT FIT'}")),
         ] + [(f"  {k}", f"{v:.2f} GiB") for k, v in p["memory_parts_gib"].items()]
           + [("eval step / device", f"{p['memory_eval_per_device_gib']:.1f} GiB  (estimate)")]
+          + ([("CPU compile / device", f"{p['memory_cpu_compile_gib']:.1f} GiB train, {p['memory_eval_cpu_compile_gib']:.1f} "
+                                       "eval  (estimate of dry_run=compile; the verdict takes the larger)")]
+             if p.get("memory_backend", "cpu") != "cpu" else [])
           + ([("host memory / device", f"{p['memory_host_gib']:.1f} GiB  (offloaded)" + (
               "" if p["host_fits"] is None else
               f"; limit {p['memory_host_limit_gib']:.1f} GiB: {'fits' if p['host_fits'] else 'DOES NOT FIT'}"))]
-             if p["memory_host_gib"] else [])),
+             if p["memory_host_gib"] else [])
+          + (_offload_rows(p["offload"]) if "offload" in p else [])),
     ]
     if "init" in p:
         sections.append(("context extension", [

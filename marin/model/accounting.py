@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from marin.config.counts import Shapes, active_params_of, total_params_of  # shapes: config arithmetic
-from marin.config.derive import batch_shards, remat_mode
+from marin.config.derive import OffloadCost, batch_shards, remat_mode
 from marin.config.schema import Config
 
 
@@ -174,7 +174,11 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 #   W  one layer's non-expert weights in fp32, gathered whole under FSDP (and their gradient).
 # The "copies" of each are calibrated on the compiled ladder rungs, stages and hero (their table
 # and the 20% check: tests/launch/test_memory_plan.py). XLA:CPU computes bf16 matmuls in fp32, so
-# the compiled figure holds the dispatch and attention buffers in fp32, and so does the estimate.
+# a CPU compile holds X, A, LAT, D (and the logits' cotangent) in fp32; XLA:GPU keeps them in
+# model.compute_dtype. The estimate counts them at `working_bytes(cfg, backend)`: fp32 for what
+# `dry_run=compile` reports (backend "cpu"), the compute dtype for a GPU (the plan of GPU
+# hardware; checked against one H200's measured peaks in tests/launch/test_memory_plan.py).
+# The copies are the same on both: only the element size differs.
 # XLA packs the buffers into one arena and loses some of it to fragmentation (ARENA).
 
 GIB = 2 ** 30
@@ -330,19 +334,49 @@ def _state(cfg: Config) -> dict[str, float]:
     return out
 
 
-def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch: bool = False) -> dict[str, float]:
+BACKENDS = ("cpu", "gpu")
+
+
+def backend_of(cfg: Config, backend: str | None = None) -> str:
+    """What the estimate is of: `backend` if given, else the hardware's platform (a GPU's run;
+    `dry_run=compile` asks for "cpu", the XLA:CPU program it compiles)."""
+    backend = backend or cfg.hardware.platform
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    return backend
+
+
+def working_bytes(cfg: Config, backend: str) -> int:
+    """Bytes per element of the arrays around the bf16 matmuls (X, A, LAT, D, what remat=dots
+    keeps, the logits' cotangent): XLA:CPU's float normalization computes every bf16 op in fp32
+    (docs/memory.md, "bf16 slices on XLA:CPU"), so the CPU compile holds them in fp32; XLA:GPU
+    keeps them in model.compute_dtype (half, for bf16: one H200's measured peaks)."""
+    return FP32 if backend == "cpu" else DTYPE_BYTES[cfg.model.compute_dtype]
+
+
+def loss_chunk_bytes(cfg: Config, sequences: int, element_bytes: int = FP32) -> float:
+    """One chunk of the loss's logits for `sequences` rows: [sequences, LOSS_CHUNK, V]
+    (marin/model/transformer.py `chunked_cross_entropy`: fp32 logits, one chunk at a time).
+    The one place the plan models the loss kernel: a vocabulary-tiled or bf16 loss changes this."""
+    T = cfg.train.seq_len
+    chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
+    return sequences * chunk * Shapes.of(cfg).V * element_bytes
+
+
+def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch: bool = False,
+           backend: str = "cpu") -> dict[str, float]:
     """The arrays of the module comment, in bytes per device, for `micro` sequences (`tokens`)
-    of the `per_device` a device holds in a step."""
+    of the `per_device` a device holds in a step, on `backend` (`working_bytes`)."""
     s, m = Shapes.of(cfg), cfg.model
     unbounded = eval_dispatch and m.eval_dropless and m.eval_dispatch == "unbounded"
     cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
     # Training: the transport's buffers; dropless evaluation: the fixed capacity's (in waves) or C = T.
     rows = s.E * cap if eval_dispatch else dispatch_rows(cfg, tokens)
-    T = cfg.train.seq_len
-    chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
-    return {"X": tokens * s.d * FP32, "A": tokens * s.H * s.h * FP32, "LAT": tokens * s.latent * FP32,
-            "D": rows * max(s.latent, s.I) * FP32, "LC": micro * chunk * s.V * FP32,
-            "LCD": per_device * chunk * s.V * FP32,
+    work = working_bytes(cfg, backend)
+    return {"X": tokens * s.d * work, "A": tokens * s.H * s.h * work, "LAT": tokens * s.latent * work,
+            "D": rows * max(s.latent, s.I) * work,
+            "LC": loss_chunk_bytes(cfg, micro),                 # the logits: fp32 on every backend
+            "LCD": loss_chunk_bytes(cfg, per_device, work),     # their cotangent, into the head's bf16 matmul
             "HV": s.d * s.V * FP32, "W": _state(cfg)["layer_weights"]}
 
 
@@ -357,19 +391,21 @@ def _copies(units: dict[str, float], copies: dict[str, float]) -> float:
     return sum(n * units[name] for name, n in copies.items())
 
 
-def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str, float]:
+def memory_per_device(cfg: Config, remat: bool | str | None = None, backend: str | None = None) -> dict[str, float]:
     """GiB per device of a resolved config's train step, by part, with their total ("total");
     "host" is what optim.offload / model.offload_carry keep in pinned host memory instead (not
-    in the total); "peak_phase" indexes PHASES. Tensor parallelism (mesh.model) is not counted."""
+    in the total); "peak_phase" indexes PHASES. `backend`: `backend_of` (default: the hardware's
+    platform). Tensor parallelism (mesh.model) is not counted."""
 
     s = Shapes.of(cfg)
     t, m = cfg.train, cfg.model
     mode = remat_mode(m.remat if remat is None else remat)
+    backend = backend_of(cfg, backend)
     per_device = t.global_batch // batch_shards(cfg.hardware)     # sequences per device and step
     micro = int(t.micro_batch)
     n_micro = micro_batches(cfg)
     tokens = micro * t.seq_len                                    # one micro-batch on one device
-    u = _units(cfg, tokens, micro, per_device)
+    u = _units(cfg, tokens, micro, per_device, backend=backend)
     state = _state(cfg)
     params = state["params"]
     offload = bool(cfg.optim.offload)
@@ -389,7 +425,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
         saved = s.L * (tokens * per_layer * DTYPE_BYTES[m.compute_dtype] + attention_bytes(cfg, micro, ATTN_SAVED_COPIES))
     else:
         # fp32 as XLA:CPU compiles the bf16 matmuls (a GPU keeps bf16 ones at half)
-        dots = tokens * _dot_outputs_per_token(s) * FP32 if mode == "dots" else 0.0
+        dots = tokens * _dot_outputs_per_token(s) * working_bytes(cfg, backend) if mode == "dots" else 0.0
         saved = s.L * (dots + (0.0 if m.offload_carry else carry))
     host = s.L * carry if m.offload_carry and mode != "none" else 0.0
     if offload:
@@ -413,7 +449,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None) -> dict[str,
     return gib
 
 
-def eval_memory_per_device(cfg: Config) -> float:
+def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
     """GiB per device of the eval step: the parameters (jit drops the optimizer state, which the
     step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
@@ -422,8 +458,82 @@ def eval_memory_per_device(cfg: Config) -> float:
 
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
-    u = _units(cfg, per_device * t.seq_len, per_device, per_device, eval_dispatch=True)
+    u = _units(cfg, per_device * t.seq_len, per_device, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))
     resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
     layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
     loss = EVAL["LC"] * u["LC"] + EVAL["HV"] * u["HV"]
     return (resident + max(layer, loss)) / GIB
+
+
+# --- What a verdict judges, and what offload moves over the host link ---
+
+def verdict_backends(cfg: Config) -> tuple[str, ...]:
+    """The estimates a verdict (fits, a Slurm refusal, optim.offload / model.offload_carry `auto`)
+    takes the larger of: the CPU compile's, and on a GPU the GPU's. The GPU figure (bf16 buffers)
+    is within 7% of one H200's measured peaks, but that device ran no collectives; on a rack the
+    GPU also holds all-to-all and NCCL buffers neither figure models, and production's peaks
+    (pooled 136–150 GiB per GB200) sat at the CPU compile's figure (143.5 GiB), not the GPU
+    model's (~96): on the GPU figure alone the hero would seem to fit without optimizer offload."""
+    return tuple(dict.fromkeys(("cpu", cfg.hardware.platform)))
+
+
+def step_peaks(cfg: Config) -> dict[str, float]:
+    """{"train": GiB, "eval": GiB}: each step's estimate per device, the larger over `verdict_backends`."""
+    backends = verdict_backends(cfg)
+    return {"train": max(memory_per_device(cfg, backend=b)["total"] for b in backends),
+            "eval": max(eval_memory_per_device(cfg, backend=b) for b in backends)}
+
+
+def device_peak(cfg: Config) -> float:
+    """What a verdict judges (GiB per device): the larger of the train and eval steps' `step_peaks`."""
+    return max(step_peaks(cfg).values())
+
+
+def host_traffic(cfg: Config) -> dict[str, float]:
+    """Bytes per device and step between pinned host memory and the device, as the train step
+    moves them ("<part>_in": host→device, "<part>_out": device→host; "in", "out": the sums):
+      optimizer  optim.offload: the state the update stages whole (Adam moments) comes in and goes
+                 back; MuonH's momentum is read and written one layer at a time: each once a step;
+      masters    the experts' offloaded fp32 masters (optim.offload under MuonH): each layer's slice
+                 fetched in the forward pass and again in the recomputed one (remat), per
+                 micro-batch, its gradient sent back per micro-batch; then per layer MuonH reads
+                 the gradient and the master and writes the update, the parameter update reads
+                 both and writes the master, and grad_norm reads the gradient (marin/train/step.py,
+                 marin/optim/muonh.py `per_layer`): in 5, out 2 of their size;
+      carries    model.offload_carry: every layer's carry out in the forward pass, in for the backward.
+    One H200, ladder_d768 at batch 32 with the recipe's offload: ≈47 GB host→device per step
+    (tests/launch/test_memory_plan.py)."""
+    s, t, m = Shapes.of(cfg), cfg.train, cfg.model
+    out = dict.fromkeys(("optimizer_in", "optimizer_out", "masters_in", "masters_out", "carries_in", "carries_out"), 0.0)
+    n_micro = micro_batches(cfg)
+    if cfg.optim.offload:
+        state = _state(cfg)
+        out["optimizer_in"] = out["optimizer_out"] = state["moments"]
+        masters = state["host_params"]
+        fetches = (1 if remat_mode(m.remat) == "none" else 2) * n_micro
+        out["masters_in"] = masters * (fetches + 5)
+        out["masters_out"] = masters * (n_micro + 2)
+    if m.offload_carry and remat_mode(m.remat) != "none":
+        per_device = t.global_batch // batch_shards(cfg.hardware)
+        carries = s.L * per_device * t.seq_len * s.d * DTYPE_BYTES[m.residual_dtype]
+        out["carries_in"] = out["carries_out"] = carries
+    out["in"] = sum(v for k, v in out.items() if k.endswith("_in"))
+    out["out"] = sum(v for k, v in out.items() if k.endswith("_out"))
+    return out
+
+
+def host_link_seconds(cfg: Config, traffic: dict[str, float] | None = None) -> float | None:
+    """Seconds a step's host traffic takes at `hardware.host_link_gbps` (GB/s per direction, both
+    directions at once: the larger one); None where the hardware has no figure."""
+    gbps = cfg.hardware.host_link_gbps
+    if gbps is None:
+        return None
+    traffic = host_traffic(cfg) if traffic is None else traffic
+    return max(traffic["in"], traffic["out"]) / (gbps * 1e9)
+
+
+def offload_estimate(cfg: Config) -> OffloadCost:
+    """The memory plan of a resolved config's offload layout, as marin.config.derive resolves
+    optim.offload / model.offload_carry `auto` with it (passed down by marin.launch.checks.load)."""
+    traffic = host_traffic(cfg)
+    return OffloadCost(device_peak(cfg), memory_per_device(cfg)["host"], traffic["in"] + traffic["out"])
