@@ -11,7 +11,8 @@ PRESETS = {
     # Hero-shaped on one GPU: d 2048, 8 layers, E64 top-8, expert width and latent 1024, seq 4,096.
     "d2048": ["experiment=mochi_535b_a23b", *_ONE_GPU, "model.d_model=2048", "model.num_layers=8",
               "model.num_experts=64", "model.expert_width=1024", "model.latent_dim=1024",
-              "model.shared_width=1024", "hardware.mesh.fsdp=false", "train.global_batch=8"],
+              "model.shared_width=1024", "model.ep_transport=fixed", "hardware.racks=1", "hardware.mesh.fsdp=false",
+              "train.global_batch=8"],
 }
 VARIANTS = {
     "d768": {"base": [], "recipe offload": ["optim.offload=true", "model.offload_carry=true"],
