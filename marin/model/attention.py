@@ -185,6 +185,11 @@ def _log_fallback(documents, max_documents: int) -> None:
                     "batches run the blockwise kernel instead of cuDNN (logged once)", int(documents), max_documents)
 
 
+def _report_fallback(documents: jax.Array, max_documents: int) -> None:
+    """Traced in the fallback branch only: a host callback, so it runs when that branch does."""
+    jax.debug.callback(_log_fallback, documents, max_documents)
+
+
 @kernel("cudnn")
 def cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global=None,
                     max_documents: int = DEFAULT_MAX_DOCUMENTS, implementation: str = "cudnn") -> jax.Array:
@@ -199,7 +204,7 @@ def cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global=None,
     kv_global = k.shape[2] if kv_global is None else kv_global
 
     def too_many_documents():
-        jax.debug.callback(_log_fallback, jnp.max(layout.documents), max_documents)
+        _report_fallback(jnp.max(layout.documents), max_documents)
         return blockwise_kernel(q, k, v, segment_ids, is_global, window, kv_global)
 
     def local():

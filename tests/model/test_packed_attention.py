@@ -135,3 +135,32 @@ def test_more_documents_than_the_maximum_run_blockwise_and_say_so_once(monkeypat
     assert len(caplog.records) == 1
     assert "4 documents" in caplog.text and "attention.cudnn_max_documents=3" in caplog.text
 
+
+
+def test_cudnn_kernel_lowers_for_cuda_to_the_packed_fused_call(monkeypatch):
+    """Lowered for CUDA here (no GPU): forward and backward are cuDNN's fused attention, fed the
+    stored KV heads (local: all 2; global: the first 1), M segments a row, the window on local
+    layers only. JAX's cuDNN module asks the GPU driver for versions while tracing, so those
+    questions are answered here as a Hopper with cuDNN 9.10 would; the fallback's host callback
+    cannot be lowered for a platform this process lacks, so it is left out."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_module
+    from jax._src.interpreters import mlir
+    monkeypatch.setattr(cudnn_module, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(cudnn_module, "check_compute_capability", lambda capability: True)
+    monkeypatch.setattr(cudnn_module, "is_cuda_compute_capability_equal", lambda capability: False)
+    monkeypatch.setattr(attention, "_report_fallback", lambda documents, max_documents: None)
+    batch, seq, heads, kv, h, window, max_docs = 2, 256, 4, 2, 64, 128, 8
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    loss = lambda q, k, v, seg, flag: jnp.sum(cudnn_attention(q, k, v, seg, flag, window, 1, max_docs))  # noqa: E731
+    traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
+        spec(batch, seq, heads, h), spec(batch, seq, kv, h), spec(batch, seq, kv, h),
+        spec(batch, seq, dtype=jnp.int32), spec(dtype=jnp.bool_))
+    text = traced.lower(lowering_platforms=("cuda",),
+                        _private_parameters=mlir.LoweringParameters(for_export=True)).as_text()
+    forward = [line for line in text.splitlines() if "custom_call @__cudnn$fmhaSoftmax(" in line]
+    assert len(forward) == 2 and text.count("custom_call @__cudnn$fmhaSoftmaxBackward(") == 2
+    for line in forward:
+        assert f"\\22max_seg_per_batch\\22: {max_docs}," in line
+    called = {(kv_heads, w) for line in forward for kv_heads in (kv, 1) for w in (window, 0)   # w 0: none
+              if f", tensor<{batch}x{seq}x{kv_heads}x{h}xbf16>, " in line and f"\\22sliding_window_length\\22: {w}," in line}
+    assert called == {(kv, window), (1, 0)}     # local layers; global layers
