@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marin.model import attention
+from marin.model import attention, transformer
 from marin.model.attention import attention_mask, blockwise_kernel, cudnn_attention, expand_kv_heads, reference_attention
 from marin.model.kernels import packed_attention as packed
+from tests.helpers import make_config
 
 WINDOW = 3
 MAX_DOCS = 3
@@ -164,3 +165,31 @@ def test_cudnn_kernel_lowers_for_cuda_to_the_packed_fused_call(monkeypatch):
     called = {(kv_heads, w) for line in forward for kv_heads in (kv, 1) for w in (window, 0)   # w 0: none
               if f", tensor<{batch}x{seq}x{kv_heads}x{h}xbf16>, " in line and f"\\22sliding_window_length\\22: {w}," in line}
     assert called == {(kv, window), (1, 0)}     # local layers; global layers
+
+
+@pytest.mark.parametrize("max_documents", [3, 2])   # 2: the first row holds 3 documents → blockwise
+def test_tiny_model_with_the_cudnn_kernel_matches_reference(monkeypatch, max_documents):
+    """The whole model (layer scan, remat, local and global layers, GQA) with attention.impl=cudnn,
+    the fused call computed by XLA: loss and gradients equal the reference kernel's, whichever
+    branch the batch takes. (cudnn is refused on a CPU config, so the resolved config is edited.)"""
+    monkeypatch.setattr(packed, "cudnn_packed_attention", packed.xla_packed_attention)
+    monkeypatch.setattr(attention, "_fallback_logged", False)
+    seq = 16
+    seg = jnp.asarray(_rows([[5, 6, 3], [16]], seq))
+    tokens = np.random.default_rng(0).integers(0, 512, (2, seq + 1))
+    batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32), "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+             "segment_ids": seg, "loss_mask": (seg > 0).astype(jnp.float32)}
+
+    def run(impl):
+        cfg = make_config("model=tiny", "attention.window=4", "attention.kv_heads_local=2",
+                          "attention.kv_heads_global=1", "model.remat=full")
+        cfg.attention.impl, cfg.attention.cudnn_max_documents = impl, max_documents
+        params = transformer.init_params(cfg, jax.random.key(0))
+        bias = jnp.zeros((cfg.model.num_layers, cfg.model.num_experts))
+        return jax.jit(jax.value_and_grad(lambda p: transformer.loss_fn(p, batch, bias, cfg, train=True)[0]))(params)
+    (want_loss, want_grads), (loss, grads) = run("reference"), run("cudnn")
+    jax.effects_barrier()
+    assert attention._fallback_logged == (max_documents == 2)   # the branch the batch took
+    np.testing.assert_allclose(loss, want_loss, **TOL)
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(want_grads), jax.tree_util.tree_leaves(grads)):
+        np.testing.assert_allclose(got, want, **TOL, err_msg=jax.tree_util.keystr(path))
