@@ -35,10 +35,10 @@ import jax.numpy as jnp
 
 from marin.config import derive
 from marin.config.registry import ATTENTION
-from marin.config.schema import Config
+from marin.config.schema import AttentionConfig, Config
 from marin.model import blockwise_attention as blockwise
-from marin.model.kernels import packed_attention as packed
 from marin.model.conv import causal_conv, identity_kernel_init
+from marin.model.kernels import packed_attention as packed
 from marin.model.norms import matmul, matrix_init, rms_normalize
 
 XSA_EPS = 1e-6  # keeps the projection finite where a value vector is zero
@@ -172,7 +172,7 @@ def reference_attention(q, k, v, segment_ids, is_global, window, kv_global=None)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
-DEFAULT_MAX_DOCUMENTS = 64   # attention.cudnn_max_documents' default, for calls outside a config
+DEFAULT_MAX_DOCUMENTS = AttentionConfig.cudnn_max_documents   # the config's default, for calls outside one
 _fallback_logged = False
 
 

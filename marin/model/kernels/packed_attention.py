@@ -64,15 +64,20 @@ def segment_layout(segment_ids: jax.Array, max_documents: int) -> SegmentLayout:
 def layout_mask(layout: SegmentLayout, seq: int, window: int | None) -> jax.Array:
     """[B, T, T] True where query t may read key s under cuDNN's packed, causal mask (and sliding
     window, if given): both in one listed segment, 0 ≤ t − s (< window). Padding reads nothing."""
-    positions = jnp.arange(seq)
-    starts = layout.offsets[:, :-1, None]
-    inside = (layout.lengths[:, :, None] > 0) & (positions >= starts) & (positions < starts + layout.lengths[:, :, None])
-    document = jnp.where(jnp.any(inside, axis=1), jnp.argmax(inside, axis=1), -1)       # [B, T]; −1: none
-    distance = positions[:, None] - positions[None, :]
+    document = _listed_document(layout, seq)
+    distance = jnp.arange(seq)[:, None] - jnp.arange(seq)[None, :]
     allowed = (document[:, :, None] == document[:, None, :]) & (document[:, :, None] >= 0) & (distance >= 0)
     if window is not None:
         allowed &= distance < window
     return allowed
+
+
+def _listed_document(layout: SegmentLayout, seq: int) -> jax.Array:
+    """[B, T] the listed segment each position lies in; −1 for none (padding, or past the M-th)."""
+    positions = jnp.arange(seq)
+    starts = layout.offsets[:, :-1, None]
+    inside = (positions >= starts) & (positions < starts + layout.lengths[:, :, None])  # never for −1, −1
+    return jnp.where(jnp.any(inside, axis=1), jnp.argmax(inside, axis=1), -1)
 
 
 def _cudnn_api():
@@ -84,9 +89,9 @@ def _cudnn_api():
 def cudnn_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: SegmentLayout,
                            window: int | None) -> jax.Array:
     """cuDNN's fused attention of q [B, T, H, h] over k, v [B, T, KV, h] (grouped heads: query head
-    q reads KV head q // (H / KV), inside the kernel), float32 [B, T, H, h]. Padding rows are 0:
-    cuDNN leaves positions outside every segment unwritten, and a NaN there would reach the next
-    layer's values (0 · NaN in P·V)."""
+    q reads KV head q // (H / KV), inside the kernel), float32 [B, T, H, h]. Positions outside
+    every segment (padding) are set to 0: the packed layout defines nothing there, and a NaN left
+    there would reach the next layer's values (0 · NaN in P·V)."""
     dot_product_attention, mask_type = _cudnn_api()
     out = dot_product_attention(
         q, k, v, q_seqlen=layout.lengths, kv_seqlen=layout.lengths, q_offsets=layout.offsets,
@@ -108,7 +113,4 @@ def xla_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: Segme
 
 
 def _zero_outside_segments(out: jax.Array, layout: SegmentLayout, seq: int) -> jax.Array:
-    positions = jnp.arange(seq)
-    starts = layout.offsets[:, :-1, None]
-    inside = jnp.any((positions >= starts) & (positions < starts + layout.lengths[:, :, None]), axis=1)
-    return jnp.where(inside[:, :, None, None], out, 0.0)
+    return jnp.where((_listed_document(layout, seq) >= 0)[:, :, None, None], out, 0.0)
