@@ -1,6 +1,7 @@
 """The cudnn kernel on packed rows: the segment offsets and lengths imply exactly `attention_mask`'s
 rule; grouped KV heads read unexpanded equal the expanded reference; a row with more documents than
-`attention.cudnn_max_documents` runs blockwise, logged once (the plan's line: tests/launch/test_plan.py).
+`attention.cudnn_max_documents` runs blockwise, logged once; the tiny model with it equals the
+reference; lowered for CUDA it is cuDNN's packed call (the plan's line: tests/launch/test_plan.py).
 
 cuDNN does not run on CPU: the kernel runs here with `implementation="xla"`, the same layout and
 branches with the fused call computed in plain JAX (`packed_attention.xla_packed_attention`)."""
