@@ -82,7 +82,11 @@ def _listed_document(layout: SegmentLayout, seq: int) -> jax.Array:
 
 def _cudnn_api():
     """JAX's private cuDNN attention (segment offsets) and its mask enum: the one import of it."""
-    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+    except ImportError as err:   # a private module: a JAX upgrade may move it
+        raise RuntimeError(f"attention.impl=cudnn: jax {jax.__version__} has no cuDNN attention with segment "
+                           f"offsets where this code looks ({err}); use attention.impl=blockwise") from err
     return dot_product_attention, MaskType
 
 
