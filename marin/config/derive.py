@@ -40,6 +40,16 @@ def attention_impl(cfg: Config) -> str:
     return "cudnn" if gpu_kernel else "blockwise"
 
 
+def attention_kernel(cfg: Config) -> str:
+    """The attention kernel that will really run, in words (the plan's line): cudnn runs cuDNN's
+    packed-row kernel up to `attention.cudnn_max_documents` documents a row, blockwise beyond."""
+    impl = attention_impl(cfg)
+    if impl == "cudnn":
+        return (f"cudnn (packed rows, segment offsets, ≤ {cfg.attention.cudnn_max_documents} documents "
+                "a row; blockwise beyond)")
+    return impl
+
+
 def devices_per_process(hw: HardwareConfig) -> int:
     if hw.platform == "gpu":
         return max(1, hw.gpus_per_node // max(1, hw.tasks_per_node))

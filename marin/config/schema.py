@@ -100,6 +100,8 @@ class AttentionConfig:
     conv_k: bool = setting(True, "causal conv after the K projection (model.conv_kernel taps)")
     impl: str = setting("auto", "the kernel; auto = cudnn on gpu in bf16, blockwise elsewhere",
                         choices=lambda: ("auto", *ATTENTION.names()))
+    cudnn_max_documents: int = setting(64, "cudnn: documents per row its segment offsets hold; a batch with a "
+                                       "row of more runs blockwise instead", range=count(1))
 
 
 @dataclass

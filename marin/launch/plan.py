@@ -140,7 +140,8 @@ def layout(cfg: Config) -> dict:
     return {"fsdp": cfg.hardware.mesh.fsdp, "optim_offload": cfg.optim.offload,
             "remat": derive.remat_mode(cfg.model.remat), "offload_carry": cfg.model.offload_carry,
             "expert_masters_on_host": accounting.offloaded_masters(cfg),
-            "attention_impl": cfg.attention.impl, "micro_batches": accounting.micro_batches(cfg)}
+            "attention_impl": cfg.attention.impl, "attention_kernel": derive.attention_kernel(cfg),
+            "micro_batches": accounting.micro_batches(cfg)}
 
 
 def submission(cfg: Config) -> dict:
@@ -235,7 +236,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
 
 def _layout(lay: dict) -> str:
     """The modelled layout in words, e.g. 'remat full, FSDP, optimizer state on host, carries on host'."""
-    words = [f"remat {lay['remat']}", f"{lay['attention_impl']} attention", f"{lay['micro_batches']} micro-batch(es)"]
+    words = [f"remat {lay['remat']}", f"{lay['attention_kernel']} attention", f"{lay['micro_batches']} micro-batch(es)"]
     words += [w for on, w in ((lay["fsdp"], "FSDP"), (lay["optim_offload"], "optimizer state on host"),
                               (lay["expert_masters_on_host"], "expert masters on host"),
                               (lay["offload_carry"], "carries on host")) if on]

@@ -14,13 +14,19 @@ RMS-normalised per head without a gain, queries × qk_mult, then the usual 1/√
 exclusive self-attention (XSA) removes from each head's output its component along the
 position's own value vector; a per-head output gate 2·sigmoid(x·W_gate) starts at 1.
 
-The masked softmax itself runs in the kernel `attention.impl` names (`attend`): `reference` forms
-the whole [B, H, T, T] score matrix (tests); `blockwise` (`blockwise_attention.py`) never does
-beyond one block (a shorter sequence is that one tile), and local layers visit only the key
-blocks inside their window; `cudnn` is cuDNN's fused kernel (GPU).
+The masked softmax itself runs in the kernel `attention.impl` names (`attend`), which receives the
+stored KV heads unexpanded (query head q reads KV head q // (H / kv), kv per the layer's kind):
+`reference` forms the whole [B, H, T, T] score matrix (tests); `blockwise` (`blockwise_attention.py`)
+never does beyond one block (a shorter sequence is that one tile), and local layers visit only the
+key blocks inside their window; both expand K/V to one head per query head first. `cudnn`
+(`kernels/packed_attention.py`, GPU, bf16) is cuDNN's fused flash attention over packed rows: each
+row's documents passed as segment offsets and lengths, grouped KV heads read inside the kernel; a
+batch with a row of more than `attention.cudnn_max_documents` documents runs `blockwise` instead
+(chosen at run time, both compiled; logged once per process).
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import flax.linen as nn
@@ -29,12 +35,15 @@ import jax.numpy as jnp
 
 from marin.config import derive
 from marin.config.registry import ATTENTION
-from marin.config.schema import Config
+from marin.config.schema import AttentionConfig, Config
 from marin.model import blockwise_attention as blockwise
 from marin.model.conv import causal_conv, identity_kernel_init
+from marin.model.kernels import packed_attention as packed
 from marin.model.norms import matmul, matrix_init, rms_normalize
 
 XSA_EPS = 1e-6  # keeps the projection finite where a value vector is zero
+
+log = logging.getLogger(__name__)
 
 
 def kv_head_index(num_heads: int, kv_local: int, kv_global: int, is_global: jax.Array) -> jax.Array:
@@ -44,6 +53,16 @@ def kv_head_index(num_heads: int, kv_local: int, kv_global: int, is_global: jax.
     local = heads // (num_heads // kv_local)
     global_ = heads // (num_heads // kv_global)
     return jnp.where(is_global, global_, local)
+
+
+def expand_kv_heads(x: jax.Array, num_heads: int, kv_global: int | None, is_global: jax.Array) -> jax.Array:
+    """Stored KV heads x [B, T, KV, h] → one per query head [B, T, H, h] (`kv_head_index`;
+    kv_global None: global layers read all KV heads too). Nothing to do when KV = H = kv_global."""
+    kv = x.shape[2]
+    kv_global = kv if kv_global is None else kv_global
+    if kv == num_heads == kv_global:
+        return x
+    return jnp.take(x, kv_head_index(num_heads, kv, kv_global, is_global), axis=2)
 
 
 def attention_mask(segment_ids: jax.Array, is_global: jax.Array, window: int) -> jax.Array:
@@ -116,57 +135,86 @@ def attention_impl(cfg: Config) -> str:
 
 
 def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-           is_global: jax.Array, window: int) -> jax.Array:
-    """Masked softmax attention, [B, T, H, h] float32, of q, k, v [B, T, H, h] (K/V one per query
-    head) by the kernel registered as `impl`; every kernel applies `attention_mask`'s rule and the
-    1/√h scale."""
-    return ATTENTION.get(impl)(q, k, v, segment_ids, is_global, window)
+           is_global: jax.Array, window: int, kv_global: int | None = None, **options) -> jax.Array:
+    """Masked softmax attention, [B, T, H, h] float32, of q [B, T, H, h] over the stored KV heads
+    k, v [B, T, KV, h] (global layers read only the first kv_global; None: all) by the kernel
+    registered as `impl`; every kernel applies `attention_mask`'s rule, the 1/√h scale and the
+    `kv_head_index` head mapping. `options`: the kernel's own settings (`kernel_options`)."""
+    return ATTENTION.get(impl)(q, k, v, segment_ids, is_global, window, kv_global, **options)
+
+
+def kernel_options(cfg: Config) -> dict:
+    """The chosen kernel's own settings from the config (cudnn: max_documents)."""
+    if attention_impl(cfg) == "cudnn":
+        return {"max_documents": cfg.attention.cudnn_max_documents}
+    return {}
 
 
 kernel = ATTENTION.register   # `@kernel("name")`: an attention.impl
 
 
 @kernel("blockwise")
-def blockwise_kernel(q, k, v, segment_ids, is_global, window) -> jax.Array:
+def blockwise_kernel(q, k, v, segment_ids, is_global, window, kv_global=None) -> jax.Array:
     """The blockwise kernel; on one block the [T, T] scores are that tile, and plain autodiff is faster."""
     if q.shape[1] > blockwise.BLOCK:
+        k, v = (expand_kv_heads(t, q.shape[2], kv_global, is_global) for t in (k, v))
         return blockwise.blockwise_attention(q, k, v, segment_ids, is_global, window, 1.0 / math.sqrt(q.shape[-1]))
-    return reference_attention(q, k, v, segment_ids, is_global, window)
+    return reference_attention(q, k, v, segment_ids, is_global, window, kv_global)
 
 
 @kernel("reference")
-def reference_attention(q, k, v, segment_ids, is_global, window) -> jax.Array:
+def reference_attention(q, k, v, segment_ids, is_global, window, kv_global=None) -> jax.Array:
     """The plain formula on the whole [B, H, T, T] score matrix (tests, short sequences)."""
+    k, v = (expand_kv_heads(t, q.shape[2], kv_global, is_global) for t in (k, v))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     mask = attention_mask(segment_ids, is_global, window)[:, None]  # broadcast over heads
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
+DEFAULT_MAX_DOCUMENTS = AttentionConfig.cudnn_max_documents   # the config's default, for calls outside one
+_fallback_logged = False
+
+
+def _log_fallback(documents, max_documents: int) -> None:
+    """Host side of the fallback branch: one log line per process, however many layers and steps."""
+    global _fallback_logged
+    if not _fallback_logged:
+        _fallback_logged = True
+        log.warning("attention: a row holds %d documents, more than attention.cudnn_max_documents=%d: such "
+                    "batches run the blockwise kernel instead of cuDNN (logged once)", int(documents), max_documents)
+
+
+def _report_fallback(documents: jax.Array, max_documents: int) -> None:
+    """Traced in the fallback branch only: a host callback, so it runs when that branch does."""
+    jax.debug.callback(_log_fallback, documents, max_documents)
+
+
 @kernel("cudnn")
-def cudnn_attention(q, k, v, segment_ids, is_global, window, implementation="cudnn") -> jax.Array:
-    """cuDNN's fused flash attention through `jax.nn.dot_product_attention` (16-bit dtypes, GPU).
+def cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global=None,
+                    max_documents: int = DEFAULT_MAX_DOCUMENTS, implementation: str = "cudnn") -> jax.Array:
+    """cuDNN's fused flash attention over packed rows (16-bit dtypes, GPU): each row's first
+    `max_documents` documents as segment offsets and lengths (`packed_attention.segment_layout`),
+    causal, the sliding window on local layers, the stored KV heads read by grouped query heads
+    inside the kernel (global layers: the first kv_global). A batch holding a row of more documents
+    runs `blockwise_attention` instead (chosen at run time: all branches are compiled) and says so
+    once. `implementation="xla"` runs the same layout in plain JAX on any backend (tests)."""
+    layout = packed.segment_layout(segment_ids, max_documents)
+    fused = {"cudnn": packed.cudnn_packed_attention, "xla": packed.xla_packed_attention}[implementation]
+    kv_global = k.shape[2] if kv_global is None else kv_global
 
-    What it can express: causal, the sliding window (local_window_size=(window − 1, 0), i.e.
-    t − s < window) and padding at the end of a row (query/key lengths). What it cannot: several
-    packed documents in one row, so a batch holding any such row runs `blockwise_attention`
-    instead (chosen at run time; both are compiled). `implementation="xla"` runs the same calls
-    on any backend (tests).
-    """
-    lengths = jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
+    def too_many_documents():
+        _report_fallback(jnp.max(layout.documents), max_documents)
+        return blockwise_kernel(q, k, v, segment_ids, is_global, window, kv_global)
 
-    def fused(local_window):
-        return jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
-            local_window_size=local_window, implementation=implementation).astype(jnp.float32)
+    def local():
+        return fused(q, k, v, layout, window)
 
-    def packed_documents():
-        return attend("blockwise", q, k, v, segment_ids, is_global, window)
+    def global_():   # the first kv_global stored heads; no window
+        return fused(q, k[:, :, :kv_global], v[:, :, :kv_global], layout, None)
 
-    # One document (ids ≤ 1) then padding (non-increasing ids) in every row: cuDNN's masks suffice.
-    one_document = jnp.all(segment_ids <= 1) & jnp.all(segment_ids[:, 1:] <= segment_ids[:, :-1])
-    branch = jnp.where(one_document, 1 + jnp.asarray(is_global, jnp.int32), 0)
-    return jax.lax.switch(branch, [packed_documents, lambda: fused((window - 1, 0)), lambda: fused(None)])
+    branch = jnp.where(layout.fits, 1 + jnp.asarray(is_global, jnp.int32), 0)
+    return jax.lax.switch(branch, [too_many_documents, local, global_])
 
 
 class Attention(nn.Module):
@@ -194,11 +242,7 @@ class Attention(nn.Module):
         k = k.reshape(batch, seq, kv, h)
         v = matmul(x, wv, self.dtype).reshape(batch, seq, kv, h)
 
-        # Expand the stored KV heads to one per query head (GQA), per the layer's kind.
-        kv_index = kv_head_index(heads, kv, a.kv_heads_global, is_global)
-        k = jnp.take(k, kv_index, axis=2)
-        v = jnp.take(v, kv_index, axis=2)
-
+        # QK-norm and RoPE act per head, so they run on the stored KV heads: the kernel maps query heads to them.
         if a.qk_norm:
             q, k = rms_normalize(q, a.qk_norm_eps), rms_normalize(k, a.qk_norm_eps)
         q = q * a.qk_mult
@@ -210,10 +254,12 @@ class Attention(nn.Module):
         k = jnp.where(use_rope, rope(k), k)
 
         q, k, v = (t.astype(self.dtype) for t in (q, k, v))
-        out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window)
+        out = attend(attention_impl(self.cfg), q, k, v, segment_ids, is_global, a.window, a.kv_heads_global,
+                     **kernel_options(self.cfg))
 
         if a.xsa:
-            out = exclude_self_value(out, v, jnp.dtype(a.xsa_dtype))
+            v_self = expand_kv_heads(v, heads, a.kv_heads_global, is_global)   # each query head's own value
+            out = exclude_self_value(out, v_self, jnp.dtype(a.xsa_dtype))
         if a.output_gate:
             w_gate = self.param("gate", nn.initializers.zeros, (d, heads), jnp.float32)
             gate = 2.0 * jax.nn.sigmoid(matmul(x, w_gate, self.dtype, jnp.float32))

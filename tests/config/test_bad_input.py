@@ -45,6 +45,7 @@ ONE_LINE = [
     (["attention.num_heads=7"], "attention.num_heads"),
     (["attention.impl=flash"], "attention.impl"),
     (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
+    (["attention.cudnn_max_documents=0"], "attention.cudnn_max_documents"),
     (["router.top_k=9"], "router.top_k"),
     (["model.num_experts=0"], "model.num_experts"),
     (["optim.lr=-0.1"], "optim.lr"),

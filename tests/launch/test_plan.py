@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from marin.config import derive
 from marin.launch.plan import format_plan, plan
 from marin.model import accounting
 from tests.helpers import make_config
@@ -192,9 +193,21 @@ def test_activations_follow_remat_attention_and_the_micro_batch():
 def test_plan_names_the_layout_it_models():
     p = plan(planned(HERO))
     assert p["layout"] == {"fsdp": True, "optim_offload": True, "remat": "full", "offload_carry": True,
-                           "expert_masters_on_host": True, "attention_impl": "cudnn", "micro_batches": 1}
+                           "expert_masters_on_host": True, "attention_impl": "cudnn",
+                           "attention_kernel": derive.attention_kernel(planned(HERO)), "micro_batches": 1}
     assert "remat full" in format_plan(p) and "carries on host" in format_plan(p)
     assert plan(planned(RUNG, "model.remat=false", "model.offload_carry=false"))["remat"] == "none"
+
+
+def test_plan_names_the_attention_kernel_that_really_runs():
+    """cudnn on a GPU in bf16 is cuDNN's packed-row kernel up to attention.cudnn_max_documents
+    documents a row (blockwise beyond); on a CPU the blockwise kernel."""
+    gpu = planned(RUNG, "hardware=h200_node", "model.compute_dtype=bfloat16", "attention.cudnn_max_documents=32")
+    cpu = planned("model=tiny")
+    words = "cudnn (packed rows, segment offsets, ≤ 32 documents a row; blockwise beyond)"
+    assert derive.attention_kernel(gpu) == words and plan(gpu)["layout"]["attention_kernel"] == words
+    assert f"{words} attention" in format_plan(plan(gpu))
+    assert derive.attention_kernel(cpu) == "blockwise" and "blockwise attention" in format_plan(plan(cpu))
 
 
 def test_a_multirun_row_holds_what_differs_between_jobs():

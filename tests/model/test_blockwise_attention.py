@@ -123,19 +123,20 @@ def test_blockwise_forward_and_backward_hold_no_t_by_t_buffer():
 
 
 def test_cudnn_path_masks_match_reference():
-    """The cuDNN call's masks (causal, window, trailing padding), run by XLA on CPU: equal to the
-    reference on every real position; a batch with packed documents takes the blockwise branch."""
+    """The cuDNN call's packed-row masks (segment offsets: causal, window, documents, trailing
+    padding), run by XLA on CPU: equal to the reference on every real position, for rows of one
+    document and of several; padding positions come out 0 (never NaN)."""
     seq = 24
     q, k, v, _ = _qkv(2, seq)
     one_doc = jnp.asarray(np.array([[1] * seq, [1] * 19 + [0] * 5], np.int32))
-    real = np.asarray(one_doc > 0)
     run = jax.jit(lambda seg, flag: (cudnn_attention(q, k, v, seg, flag, WINDOW, implementation="xla"),
                                      reference_attention(q, k, v, seg, flag, WINDOW)))
-    for is_global in (False, True):
-        got, want = run(one_doc, jnp.array(is_global))
-        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], **TOL)
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(*run(_segments(2, seq), jnp.array(is_global)), **TOL)
+    for seg in (one_doc, _segments(2, seq)):
+        real = np.asarray(seg > 0)
+        for is_global in (False, True):
+            got, want = run(seg, jnp.array(is_global))
+            np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], **TOL)
+            assert np.all(np.asarray(got)[~real] == 0)
 
 
 def test_impl_auto_resolves_per_platform_and_cudnn_needs_a_gpu():
