@@ -55,9 +55,10 @@ def attention(cfg, doc_len: int, tiny: bool, left) -> dict:
     from marin.model.attention import attend
     a = cfg.attention
     B, T = (2, 128) if tiny else (8, cfg.train.seq_len)
-    H, h, window = a.num_heads, a.head_dim, a.window
+    H, KV, h, window = a.num_heads, a.kv_heads_local, a.head_dim, a.window
     rng = np.random.default_rng(0)
-    q, k, v, do = (jnp.asarray(rng.standard_normal((B, T, H, h)), jnp.bfloat16) for _ in range(4))
+    q, do = (jnp.asarray(rng.standard_normal((B, T, H, h)), jnp.bfloat16) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((B, T, KV, h)), jnp.bfloat16) for _ in range(2))   # stored KV heads
     seg_np = segment_ids(B, T, "packed", min(doc_len, T // 4), np.random.default_rng(1))
     seg = jnp.asarray(seg_np)
     kernels = ["blockwise", "reference"] if jax.default_backend() == "cpu" else ["blockwise", "cudnn"]
@@ -71,7 +72,8 @@ def attention(cfg, doc_len: int, tiny: bool, left) -> dict:
                 results[key] = {"error": "skipped: budget"}
                 continue
             try:
-                fn = lambda q, k, v: attend(impl, q, k, v, seg, jnp.asarray(is_global), window)
+                options = {"max_documents": a.cudnn_max_documents} if impl == "cudnn" else {}
+                fn = lambda q, k, v: attend(impl, q, k, v, seg, jnp.asarray(is_global), window, a.kv_heads_global, **options)
                 out = np.asarray(jax.jit(fn)(q, k, v), np.float32)
                 reference = out if reference is None else reference
                 grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * do.astype(jnp.float32)), argnums=(0, 1, 2)))
@@ -80,7 +82,8 @@ def attention(cfg, doc_len: int, tiny: bool, left) -> dict:
                                 "max_abs_diff": float(np.max(np.abs(out - reference)[seg_np != 0]))}
             except Exception as exc:
                 results[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
-    return {"shape": f"B {B} × T {T}, {H} heads × {h}, window {window}, packed (mean {doc_len} tokens)",
+    return {"shape": f"B {B} × T {T}, {H} heads × {h} ({KV} KV heads, {a.kv_heads_global} on global layers), "
+                     f"window {window}, packed (mean {doc_len} tokens, ≤ {int(seg_np.max())} a row)",
             "results": results}
 
 
