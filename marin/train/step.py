@@ -104,11 +104,12 @@ def make_train_step(cfg, tx, mesh):
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
             (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
             grads, metrics = jax.tree.map(lambda x: x / n_micro, (grads, metrics))
-        opt_state = opt_state_to_device(state.opt_state) if offload else state.opt_state
-        updates, opt_state = opt.update(grads, opt_state, state.params)
-        if offload:  # back to pinned host memory (its place in the state's out_shardings)
-            opt_state = to_memory(opt_state, jax.memory.Space.Host)
-        params = apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):   # a part of its own in profiles (benchmarks/gpu_profile.py)
+            opt_state = opt_state_to_device(state.opt_state) if offload else state.opt_state
+            updates, opt_state = opt.update(grads, opt_state, state.params)
+            if offload:  # back to pinned host memory (its place in the state's out_shardings)
+                opt_state = to_memory(opt_state, jax.memory.Space.Host)
+            params = apply_updates(state.params, updates)
         router_state = routers.next_router_state(state.router_state, metrics["router"], cfg)
         out = {k: metrics[k] for k in SCALARS if k in metrics}
         out["grad_norm"] = global_norm(grads)
