@@ -271,7 +271,7 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
     # Sender pool: rank within the (wave, peer) chunk, in assignment order.
     group = wave_of * peers + peer
     g_order = jnp.argsort(group, stable=True).astype(jnp.int32)
-    g_counts = jnp.zeros((waves * peers,), jnp.int32).at[group].add(1)
+    g_counts = routers.count_values(group, waves * peers)
     g_rank = jnp.zeros((n,), jnp.int32).at[g_order].set(
         jnp.arange(n, dtype=jnp.int32) - (jnp.cumsum(g_counts) - g_counts)[group[g_order]], unique_indices=True)
     sent = g_rank < send_cap
@@ -301,7 +301,7 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
         key = (r_expert * tokens + jnp.minimum(r_rank, tokens - 1)) * peers + src
         order = jnp.argsort(key).astype(jnp.int32)
         sorted_expert = r_expert[order]
-        counts = jnp.zeros((stripe + 1,), jnp.int32).at[r_expert].add(1)
+        counts = routers.count_values(r_expert, stripe + 1)
         position = jnp.arange(slots, dtype=jnp.int32) - (jnp.cumsum(counts) - counts)[sorted_expert]
         accept = (sorted_expert < stripe) & (position < recv_cap)
         row_sorted = jnp.where(accept, sorted_expert * recv_cap + position, rows)
@@ -372,16 +372,18 @@ def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
 
 
 def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
-    """Reference: sort by expert, grouped matmuls with `jax.lax.ragged_dot`. Dropless."""
+    """Reference: sort by expert, grouped matmuls with `jax.lax.ragged_dot`. Dropless.
+
+    The rows move by gathers whose transposes are gathers (`take_rows`), the group sizes are the
+    queues' counts: no scatter-add forward or backward. On GPU see marin/model/grouped.py."""
     tokens, k = expert_idx.shape
-    num_experts = w.gate.shape[0]
-    flat_expert = expert_idx.T.reshape(-1)
-    order = jnp.argsort(flat_expert, stable=True)
-    group_sizes = jnp.zeros((num_experts,), jnp.int32).at[flat_expert].add(1)
-    xs = x[order % tokens]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, group_sizes)) * jax.lax.ragged_dot(xs, w.up, group_sizes)
-    ys = jax.lax.ragged_dot(h, w.down, group_sizes)
-    y_assign = jnp.zeros_like(ys).at[order].set(ys).reshape(k, tokens, -1)
+    n = tokens * k
+    q = expert_queues(expert_idx, w.gate.shape[0])
+    sorted_pos = jnp.zeros((n,), jnp.int32).at[q.order].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
+    xs = take_rows(x, q.order % tokens, sorted_pos.reshape(k, tokens))            # [T·k, ℓ] by expert
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, q.counts)) * jax.lax.ragged_dot(xs, w.up, q.counts)
+    ys = jax.lax.ragged_dot(h, w.down, q.counts)
+    y_assign = take_rows(ys, sorted_pos, q.order[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     return y.astype(x.dtype)
 
