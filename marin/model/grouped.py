@@ -107,12 +107,23 @@ def useful_flops(rows: int, latent: int, width: int) -> float:
     return 3 * 3 * 2.0 * rows * latent * width
 
 
-def ragged_probe(rows: int, groups: int, latent: int, width: int, dtype="bfloat16", grouped_matmul=None) -> dict:
+def ragged_probe(rows: int, groups: int, latent: int, width: int, dtype="bfloat16", grouped_matmul=None,
+                 pallas: bool | None = None) -> dict:
     """Compile (not run) the SwiGLU's grouped matmuls at these shapes, forward and backward, on
     the default backend: {"compiled_flops", "useful_flops", "ratio", "custom_calls", "platform"}.
-    The rows are split over the groups evenly (XLA's FLOP count does not depend on the sizes)."""
+    XLA's FLOP count does not depend on the group sizes, so none are given. `pallas`: lower with
+    JAX's Pallas-Triton lowering of ragged_dot on (True) or off (False) for this probe only
+    (GPU; it needs `pallas_lowering_available()`); None: as the process has it."""
     import jax
     import jax.numpy as jnp
+
+    if pallas is not None:
+        before = jax.config.values[PALLAS_FLAG]
+        jax.config.update(PALLAS_FLAG, pallas)
+        try:
+            return ragged_probe(rows, groups, latent, width, dtype, grouped_matmul) | {"pallas": pallas}
+        finally:
+            jax.config.update(PALLAS_FLAG, before)
 
     matmul = grouped_matmul or jax.lax.ragged_dot
     dt = jnp.dtype(dtype)
