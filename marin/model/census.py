@@ -8,6 +8,7 @@ and a GPU benchmark can print the same numbers beside its timings.
 
     op_census(jax.jit(f).lower(*args).as_text()) -> {"scatter": 3, "gather": 12, ...}
     moe_layer_census(cfg, tokens) -> the counts of one routed-experts layer, forward + backward
+    hlo_census(jax.jit(f).lower(*args).compile().as_text()) -> the optimised HLO's (per backend)
     router_census(cfg, tokens) -> the counts of the routing alone (forward)
 
 Counts are static: an op inside a function that is called twice (a `jax.checkpoint`ed wave, a
@@ -62,6 +63,19 @@ def op_census(lowered_text: str) -> dict[str, int]:
                                                              if op not in REPORTED_OPS}
 
 
+_HLO_OP = re.compile(r"= [^=]*?\b(gather|scatter|dynamic-slice|dynamic-update-slice|sort|custom-call|fusion)\(")
+
+
+def hlo_census(compiled_text: str) -> dict[str, int]:
+    """Op counts in a compiled (optimised, backend-specific) HLO module (`Compiled.as_text()`),
+    static, fused computations included: where XLA turned gathers into dynamic slices, and the
+    custom calls (cuDNN, Pallas/Triton kernels). Beside `op_census` in a benchmark on the target
+    backend; tests pin `op_census`, which does not depend on the backend."""
+    found = Counter(_HLO_OP.findall(compiled_text))
+    return {op.replace("-", "_"): found.get(op, 0) for op in
+            ("gather", "scatter", "dynamic-slice", "dynamic-update-slice", "sort", "custom-call", "fusion")}
+
+
 def _layer_inputs(cfg, tokens: int):
     m = cfg.model
     dtype = jnp.dtype(m.compute_dtype)
@@ -73,10 +87,11 @@ def _layer_inputs(cfg, tokens: int):
             shape((experts, width, latent), dtype))
 
 
-def moe_layer_census(cfg, tokens: int | None = None) -> dict[str, int]:
+def moe_layer_census(cfg, tokens: int | None = None, compiled: bool = False) -> dict[str, int]:
     """Op counts of one routed-experts layer on one device, forward and backward (gradients of the
     layer's input, router logits and expert weights), as `model.dispatch` and `model.ep_transport`
-    of the resolved `cfg` choose it. `tokens`: the layer's T (default: one device's micro-batch)."""
+    of the resolved `cfg` choose it. `tokens`: the layer's T (default: one device's micro-batch).
+    `compiled`: compile it for the default backend and count the optimised HLO (`hlo_census`)."""
     from marin.model.dispatch import ExpertWeights, routed_experts
 
     tokens = tokens or cfg.train.micro_batch * cfg.train.seq_len
@@ -86,7 +101,8 @@ def moe_layer_census(cfg, tokens: int | None = None) -> dict[str, int]:
         return jnp.sum(y.astype(jnp.float32)), stats
 
     grad = jax.grad(loss, argnums=(0, 1, 3, 4, 5), has_aux=True)
-    return op_census(jax.jit(grad).lower(*_layer_inputs(cfg, tokens)).as_text())
+    lowered = jax.jit(grad).lower(*_layer_inputs(cfg, tokens))
+    return hlo_census(lowered.compile().as_text()) if compiled else op_census(lowered.as_text())
 
 
 def router_census(cfg, tokens: int | None = None) -> dict[str, int]:

@@ -65,3 +65,12 @@ def test_ragged_layer_has_no_scatter_add(override):
     """Group sizes by compare-and-sum, rows by gathers with gather transposes (before: 5 scatters)."""
     census = _layer(override)
     assert census["scatter"] <= 2, census
+
+
+def test_hlo_census_counts_the_compiled_module():
+    """The backend's view (here XLA:CPU): the pooled layer on one device compiles to no more
+    scatters than fixed."""
+    pooled, fixed = (moe_layer_census(make_config(*BASE, f"model.ep_transport={t}"), T, compiled=True)
+                     for t in ("pooled", "fixed"))
+    assert set(fixed) >= {"gather", "scatter", "dynamic_slice", "sort", "custom_call", "fusion"}
+    assert pooled["scatter"] <= fixed["scatter"], (pooled, fixed)
