@@ -17,7 +17,12 @@ is the published run's fixed pooled-wave all-to-all: one sender pool per device,
 static waves over stripes of each destination's local experts, per-wave receive buffers with
 round-robin slots, drops counted per stage (send, recv). (A variant that re-sent overflow in up to
 `ep_waves` full-capacity waves was measured dropless but 1.95–2.15× the layer time of `fixed` on
-8 host devices, benchmarks/moe_layer.py --ep-devices 8 --experts 24 --top-k 4, and removed.)
+8 host devices, benchmarks/moe_layer.py --ep-devices 8 --experts 24 --top-k 4, and removed.) On one
+device `pooled` runs in one pass (`pooled_one_device`): the same drops, fixed's data movement.
+
+Counts per expert are compare-and-sums and inverse permutations are unique-index writes: no
+scatter-add (atomics that serialise on GPU) forward or backward; `marin/model/census.py` and
+tests/model/test_census.py keep count.
 
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.

@@ -65,7 +65,8 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
     bins; counts summed across devices; linear interpolation inside the bin where the
     cumulative count crosses q·N. Within one bin width of the smallest value with at least q·N
     values at or below it (numpy's `inverted_cdf`), so (1 − q)·N values lie above. Counts are int32 so that a global
-    batch beyond 2^24 tokens still counts exactly.
+    batch beyond 2^24 tokens still counts exactly. The histogram is never built: only its
+    crossing bin and the counts up to it, by bisection (below), the same numbers exactly.
     """
     values = jax.lax.stop_gradient(values.astype(jnp.float32))
     tokens, experts = values.shape
@@ -78,7 +79,7 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
     target = q * n.astype(jnp.float32)                       # values below the quantile
 
     def cdf(b):
-        """Values in bins ≤ b [E] (global), per column; b [E] may be −1 (none)."""
+        """Values in bins ≤ b [E] (global), per column."""
         return _psum(jnp.sum(bin_idx <= b, axis=0, dtype=jnp.int32), axis_names)
 
     # The first bin whose cumulative count reaches the target, found by bisection over the bins:

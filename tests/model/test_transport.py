@@ -113,6 +113,16 @@ def test_pooled_on_one_device_in_one_pass_equals_the_waves(send_factor, recv_fac
     assert {stage for stage, n in drops.items() if n} == set(dropped_at), drops
 
 
+def test_plan_says_pooled_runs_in_one_pass_on_one_device():
+    from marin.launch.plan import format_plan, plan
+
+    one = format_plan(plan(make_config("experiment=ladder_d768", "hardware=h200_node", "hardware.gpus_per_node=1",
+                                       "hardware.tasks_per_node=1", "hardware.mesh.expert=1", "dry_run=true")))
+    many = format_plan(plan(make_config("experiment=ladder_d768", "dry_run=true")))
+    assert "3 stripes in one pass (one device: the waves only add bookkeeping; the same drops)" in one
+    assert "3 waves" in many and "one pass" not in many
+
+
 # --- expert parallelism on 8 forced host devices ----------------------------------------------
 
 TRANSPORT_NAMES = ("fixed", "pooled", "ragged")
