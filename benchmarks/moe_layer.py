@@ -16,6 +16,7 @@ down/up) + 2·3·ℓ·k·I (k experts) + 2·3·d·I_s·S (shared)]. Targets (spe
 moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The last column is XLA's
 compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch),
 then each MoE step's data movement (`marin.model.census`: StableHLO scatters, gathers, sorts).
+`--pallas-ragged` times `moe[ragged_dot]` with JAX's Pallas-Triton lowering of ragged_dot (GPU).
 `--ragged-probe` adds the grouped matmuls of `ragged_dot` at the layer's shapes (T·k rows, E
 groups), compiled forward + backward, with JAX's Pallas-Triton lowering off and (on a GPU whose
 jax has it) on: XLA's FLOPs over the useful ones, and the guard's verdict (marin/model/grouped.py).
@@ -75,6 +76,8 @@ def parse_args(argv=None):
                    help="pooled: model.ep_waves; the local experts (--experts / (devices/2)) divide by it "
                         "(production: 3 waves of 6 local experts, e.g. --ep-devices 8 --experts 24 --waves 3)")
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
+    p.add_argument("--pallas-ragged", action="store_true",
+                   help="lower ragged_dot through JAX's Pallas-Triton kernel (GPU; a jax that has it): times moe[ragged_dot] with it")
     p.add_argument("--ragged-probe", action="store_true",
                    help="also: ragged_dot's compiled/useful FLOPs at these shapes, Pallas lowering off and on")
     return p.parse_args(argv)
@@ -206,6 +209,11 @@ def transports_main(a):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.pallas_ragged:
+        from marin.model import grouped
+        if not grouped.pallas_lowering_available():
+            sys.exit(f"--pallas-ragged: jax {jax.__version__} has no Pallas-Triton lowering of ragged_dot")
+        jax.config.update(grouped.PALLAS_FLAG, True)
     if a.ep_devices > 1:
         return transports_main(a)
     steps = build(a)

@@ -28,14 +28,15 @@ PALLAS_FLAG = "jax_ragged_dot_use_gpu_pallas_triton_lowering"
 PALLAS_MODULE = "jax._src.lax.pallas_lowerings.gpu.ragged_dot"
 
 
-def ragged_setting(cfg) -> str | None:
+def ragged_setting(cfg, peers: int = 1) -> str | None:
     """The override that puts ragged_dot in the training step ("model.dispatch=ragged_dot",
-    "model.ep_transport=ragged"), or None."""
+    "model.ep_transport=ragged"), or None. Under expert parallelism (`peers` > 1) only the
+    transport decides (`model.dispatch` is for one device)."""
     m = cfg.model
-    if m.dispatch == "ragged_dot":
-        return "model.dispatch=ragged_dot"
-    if m.dispatch == "sort" and m.ep_transport == "ragged":
+    if m.ep_transport == "ragged" and (peers > 1 or m.dispatch == "sort"):
         return "model.ep_transport=ragged"
+    if m.dispatch == "ragged_dot" and peers == 1:
+        return "model.dispatch=ragged_dot"
     return None
 
 
@@ -144,13 +145,13 @@ def ragged_probe(rows: int, groups: int, latent: int, width: int, dtype="bfloat1
             "custom_calls": len(re.findall(r"custom-call\(", text)), "platform": jax.default_backend()}
 
 
-def use_grouped_kernel(cfg) -> bool:
+def use_grouped_kernel(cfg, peers: int = 1) -> bool:
     """Before the step is lowered: on GPU, with a ragged path configured, lower ragged_dot
     through Pallas-Triton where this jax can (a process-wide JAX flag, read at lowering time).
     Returns whether it is on."""
     import jax
 
-    if ragged_setting(cfg) is None or jax.default_backend() != "gpu" or not pallas_lowering_available():
+    if ragged_setting(cfg, peers) is None or jax.default_backend() != "gpu" or not pallas_lowering_available():
         return False
     jax.config.update(PALLAS_FLAG, True)
     return True
@@ -162,10 +163,10 @@ def check_ragged(cfg, peers: int = 1) -> dict | None:
     None where there is nothing to check (no ragged path, or not a GPU)."""
     import jax
 
-    setting = ragged_setting(cfg)
+    setting = ragged_setting(cfg, peers)
     if setting is None or jax.default_backend() != "gpu":
         return None
-    pallas = use_grouped_kernel(cfg)
+    pallas = use_grouped_kernel(cfg, peers)
     probe = ragged_probe(*ragged_shapes(cfg, peers), dtype=cfg.model.compute_dtype)
     line = ragged_refusal(probe["compiled_flops"], probe["useful_flops"], probe["platform"], cudnn_version(),
                           setting, pallas)

@@ -42,6 +42,14 @@ def test_ragged_setting_names_the_override_that_chose_it(overrides, setting):
     assert not grouped.use_grouped_kernel(cfg) and not jax.config.values[grouped.PALLAS_FLAG]
 
 
+def test_under_expert_parallelism_only_the_transport_is_ragged():
+    cfg = make_config("model=tiny", "model.dispatch=ragged_dot")
+    assert grouped.ragged_setting(cfg, peers=4) is None           # EP runs model.ep_transport
+    cfg = make_config("model=tiny", "model.dispatch=ragged_dot", "model.ep_transport=ragged", "dry_run=true")
+    assert grouped.ragged_setting(cfg, peers=4) == "model.ep_transport=ragged"
+    assert grouped.ragged_setting(cfg) == "model.dispatch=ragged_dot"
+
+
 def test_shapes_of_one_device_and_of_the_expert_parallel_buffer():
     cfg = make_config("model=tiny", "model.num_experts=8")
     tokens = cfg.train.micro_batch * cfg.train.seq_len
