@@ -112,3 +112,33 @@ def router_census(cfg, tokens: int | None = None) -> dict[str, int]:
     tokens = tokens or cfg.train.micro_batch * cfg.train.seq_len
     _, logits, bias, *_ = _layer_inputs(cfg, tokens)
     return op_census(jax.jit(lambda lg, b: routers.route(lg, b, cfg)).lower(logits, bias).as_text())
+
+
+def main(argv=None) -> None:
+    """`python -m marin.model.census [--tokens T] [--compiled] [override ...]`: one MoE layer's
+    census per transport on one device (and `model.dispatch=ragged_dot`), and the routing's."""
+    import argparse
+
+    from marin.config.store import compose
+    from marin.config.validate import load
+
+    p = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=4096, help="the layer's T (tokens on the device)")
+    p.add_argument("--compiled", action="store_true", help="count the optimised HLO of the default backend")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. experiment=ladder_d768")
+    a = p.parse_args(argv)
+    one_device = ["hardware.mesh.expert=1", "dry_run=true"]   # dry run: ragged may be planned on CPU
+    variants = {t: [f"model.ep_transport={t}"] for t in ("fixed", "pooled", "ragged")}
+    variants["dispatch=ragged_dot"] = ["model.dispatch=ragged_dot"]
+    shown = MOVEMENT_OPS + ("dot_general",) if not a.compiled else None
+    for name, extra in variants.items():
+        cfg = load(compose([*a.overrides, *one_device, *extra]))[1]
+        census = moe_layer_census(cfg, a.tokens, compiled=a.compiled)
+        print(f"{name:<20}", " ".join(f"{op}={n}" for op, n in census.items() if shown is None or op in shown))
+    cfg = load(compose([*a.overrides, *one_device]))[1]
+    print(f"{'routing (' + cfg.router.kind + ')':<20}",
+          " ".join(f"{op}={n}" for op, n in router_census(cfg, a.tokens).items() if op in MOVEMENT_OPS))
+
+
+if __name__ == "__main__":
+    main()

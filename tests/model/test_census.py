@@ -74,3 +74,12 @@ def test_hlo_census_counts_the_compiled_module():
                      for t in ("pooled", "fixed"))
     assert set(fixed) >= {"gather", "scatter", "dynamic_slice", "sort", "custom_call", "fusion"}
     assert pooled["scatter"] <= fixed["scatter"], (pooled, fixed)
+
+
+def test_command_prints_every_transport_and_the_routing(capsys):
+    from marin.model.census import main
+
+    main(["--tokens", "64", "model=tiny", "model.num_experts=8", "model.ep_waves=2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["fixed", "pooled", "ragged", "dispatch=ragged_dot", "routing"]
+    assert lines[-1].startswith("routing (qb)") and "scatter=0" in lines[-1]
