@@ -5,14 +5,21 @@
         --experts 64 --top-k 8 --dtype bfloat16         # a GPU-sized layer
 
 Three jitted steps are timed back to back, round after round, and compared by their medians:
-- `matmul`: an f32 N×N×N `jnp.dot` (N = --matmul, 2048), the machine's dense FLOP rate;
+- `matmul`: an N×N×N `jnp.dot` in the compute dtype (N = --matmul, 2048), the machine's dense
+  FLOP rate for the dtype the layers compute in (a float32 reference made bfloat16 layers look
+  faster than the machine on a GPU);
 - `dense`: the same layer with the routed experts replaced by one SwiGLU of width k·I (same
   router, latent projections, norm and shared experts): a dense MLP with the same active FLOPs;
 - `moe`: the real `marin.model.moe.MoE` layer (router, dispatch, experts, combine).
 Useful FLOPs (both layers) = 3 (forward + backward) × T × [2·d·E (router) + 2·2·d·ℓ (latent
 down/up) + 2·3·ℓ·k·I (k experts) + 2·3·d·I_s·S (shared)]. Targets (spec of the dispatch work):
 moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The last column is XLA's
-compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch).
+compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch),
+then each MoE step's data movement (`marin.model.census`: StableHLO scatters, gathers, sorts).
+`--pallas-ragged` times `moe[ragged_dot]` with JAX's Pallas-Triton lowering of ragged_dot (GPU).
+`--ragged-probe` adds the grouped matmuls of `ragged_dot` at the layer's shapes (T·k rows, E
+groups), compiled forward + backward, with JAX's Pallas-Triton lowering off and (on a GPU whose
+jax has it) on: XLA's FLOPs over the useful ones, and the guard's verdict (marin/model/grouped.py).
 
 With `--ep-devices 8` it instead compares the expert-parallel training transports on 8 forced host
 devices (mesh data 2 × expert 4): `fixed` and `pooled` (the published pooled-wave transport),
@@ -43,6 +50,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from marin.config.schema import Config  # noqa: E402
+from marin.model.census import MOVEMENT_OPS, op_census  # noqa: E402
 from marin.model.moe import MoE  # noqa: E402
 from marin.model.norms import rms_normalize  # noqa: E402
 
@@ -60,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--dispatch", default="sort", help="sort | ragged_dot | dense, or a comma list")
     p.add_argument("--router", default="qb", help="qb | softmax_aux | bias_update")
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
-    p.add_argument("--matmul", type=int, default=2048, help="N of the paired f32 N³ matmul")
+    p.add_argument("--matmul", type=int, default=2048, help="N of the paired N³ matmul (in --dtype)")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up)")
     p.add_argument("--ep-devices", type=int, default=0, help="compare transports on this many host CPU devices")
     p.add_argument("--transports", default="fixed,pooled", help="with --ep-devices: fixed | pooled | ragged (ragged on GPUs only: XLA:CPU cannot compile it), comma list")
@@ -68,6 +76,10 @@ def parse_args(argv=None):
                    help="pooled: model.ep_waves; the local experts (--experts / (devices/2)) divide by it "
                         "(production: 3 waves of 6 local experts, e.g. --ep-devices 8 --experts 24 --waves 3)")
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
+    p.add_argument("--pallas-ragged", action="store_true",
+                   help="lower ragged_dot through JAX's Pallas-Triton kernel (GPU; a jax that has it): times moe[ragged_dot] with it")
+    p.add_argument("--ragged-probe", action="store_true",
+                   help="also: ragged_dot's compiled/useful FLOPs at these shapes, Pallas lowering off and on")
     return p.parse_args(argv)
 
 
@@ -123,7 +135,7 @@ def build(a):
     x = jax.random.normal(key_x, (a.tokens, a.d), jnp.float32)
     steps = {}
     n = a.matmul
-    mats = jax.random.normal(key_m, (2, n, n), jnp.float32)
+    mats = jax.random.normal(key_m, (2, n, n), jnp.float32).astype(jnp.dtype(a.dtype))
     steps["matmul"] = (jax.jit(lambda m: jnp.dot(m[0], m[1])), (mats,), 2.0 * n ** 3)
     dp = dense_params(a, key_p)
     steps["dense"] = (fwd_bwd(lambda p, x: jnp.sum(dense_layer(p, x, a))), (dp, x), useful_flops(a))
@@ -197,6 +209,11 @@ def transports_main(a):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.pallas_ragged:
+        from marin.model import grouped
+        if not grouped.pallas_lowering_available():
+            sys.exit(f"--pallas-ragged: jax {jax.__version__} has no Pallas-Triton lowering of ragged_dot")
+        jax.config.update(grouped.PALLAS_FLAG, True)
     if a.ep_devices > 1:
         return transports_main(a)
     steps = build(a)
@@ -219,6 +236,27 @@ def main(argv=None):
         print(f"{name:<18}{med[name] * 1e3:>9.2f}{ratio:>10}{rate / 1e9:>10.1f}"
               f"{100 * rate / matmul_rate:>9.0f}%{xla:>12.2f}")
     print("targets: moe ≤ 2.00x dense, moe ≥ 35% of the matmul rate")
+    for name, (fn, args, _) in steps.items():
+        if name.startswith("moe"):
+            census = op_census(fn.lower(*args).as_text())
+            print(f"{name:<18}data movement: " + ", ".join(f"{census[op]} {op}" for op in MOVEMENT_OPS))
+    if a.ragged_probe:
+        ragged_probe_main(a)
+
+
+def ragged_probe_main(a):
+    """ragged_dot's grouped matmuls at this layer's shapes: XLA's FLOPs over the useful ones, the
+    Pallas-Triton lowering off and (where this jax has it, on a GPU) on, and the guard's verdict."""
+    from marin.model import grouped
+
+    modes = [False] + ([True] if jax.default_backend() == "gpu" and grouped.pallas_lowering_available() else [])
+    cudnn = grouped.cudnn_version()
+    for pallas in modes:
+        probe = grouped.ragged_probe(a.tokens * a.top_k, a.experts, a.latent, a.width, a.dtype, pallas=pallas)
+        verdict = grouped.ragged_refusal(probe["compiled_flops"], probe["useful_flops"], probe["platform"], cudnn,
+                                         "model.dispatch=ragged_dot", pallas) or "allowed"
+        print(f"ragged_dot probe, Pallas lowering {'on ' if pallas else 'off'}: XLA/useful {probe['ratio']:.2f}, "
+              f"{probe['custom_calls']} custom calls; guard: {verdict}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ is the published run's fixed pooled-wave all-to-all: one sender pool per device,
 static waves over stripes of each destination's local experts, per-wave receive buffers with
 round-robin slots, drops counted per stage (send, recv). (A variant that re-sent overflow in up to
 `ep_waves` full-capacity waves was measured dropless but 1.95–2.15× the layer time of `fixed` on
-8 host devices, benchmarks/moe_layer.py --ep-devices 8 --experts 24 --top-k 4, and removed.)
+8 host devices, benchmarks/moe_layer.py --ep-devices 8 --experts 24 --top-k 4, and removed.) On one
+device `pooled` runs in one pass (`pooled_one_device`): the same drops, fixed's data movement.
+
+Counts per expert are compare-and-sums and inverse permutations are unique-index writes: no
+scatter-add (atomics that serialise on GPU) forward or backward; `marin/model/census.py` and
+tests/model/test_census.py keep count.
 
 `ragged_dot` (sort + `jax.lax.ragged_dot`) and `dense` (every expert on every token, masked) are
 dropless references for tests; on CPU both cost about E× the useful FLOPs.
@@ -31,7 +36,6 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from marin.config.derive import remat_mode
 from marin.config.registry import TRANSPORTS
 from marin.model import routers
 
@@ -108,30 +112,40 @@ class Queues(NamedTuple):
 
 
 def expert_queues(expert_idx, num_experts: int) -> Queues:
-    """Stable sort of the assignments by expert; position within the expert = rank in the sort."""
+    """Stable sort of the assignments by expert; position within the expert = rank in the sort.
+
+    One sort carries the ids along (an argsort would gather the sorted experts back), and the
+    counts are a compare-and-sum (`routers.count_values`), not a scatter-add of T·k ones onto E
+    counters (atomics that serialise on GPU)."""
     n = expert_idx.size
-    flat_expert = expert_idx.T.reshape(-1)
-    order = jnp.argsort(flat_expert, stable=True).astype(jnp.int32)
-    counts = jnp.zeros((num_experts,), jnp.int32).at[flat_expert].add(1)
+    flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)
+    sorted_expert, order = jax.lax.sort((flat_expert, jnp.arange(n, dtype=jnp.int32)), num_keys=1, is_stable=True)
+    counts = routers.count_values(flat_expert, num_experts)
     starts = jnp.cumsum(counts) - counts
-    sorted_expert = flat_expert[order]
     position = jnp.arange(n, dtype=jnp.int32) - starts[sorted_expert]
     return Queues(order, sorted_expert, position, starts, counts)
 
 
-def queue_slots(q: Queues, cap: int, first=0) -> Slots:
+def queue_slots(q: Queues, cap: int, first=0, limit=None) -> Slots:
     """Buffer rows for the queue positions [first, first + cap) of every expert (a "wave");
     assignments outside that window get the out-of-range slot E·C (dropped, or left to another
-    wave). `first` may be traced."""
+    wave). `first` may be traced. `limit` [E]: only the first limit[e] of expert e's queue may
+    take a row (the rest were dropped before, e.g. at a sender's pool); default all."""
     n, num_experts = q.order.shape[0], q.counts.shape[0]
     pos = q.position - first
     inside = (pos >= 0) & (pos < cap)
+    queued = q.counts
+    if limit is not None:
+        inside &= q.position < limit[q.sorted_expert]
+        queued = jnp.minimum(queued, limit)
     slot_sorted = jnp.where(inside, q.sorted_expert * cap + pos, num_experts * cap)
+    # The inverse permutation of the sort, written once with unique indices (no atomics: every
+    # row is written by one thread); another sort would cost more.
     slot_of_assignment = jnp.zeros((n,), jnp.int32).at[q.order].set(slot_sorted, unique_indices=True)
     # Row c of expert e holds the (starts[e] + first + c)-th assignment of the sort, if it has that many.
     queue_pos = first + jnp.arange(cap, dtype=jnp.int32)[None, :]
     rank = q.starts[:, None] + queue_pos
-    filled = queue_pos < q.counts[:, None]
+    filled = queue_pos < queued[:, None]
     assignment_of_slot = jnp.where(filled, q.order[jnp.minimum(rank, n - 1)], n).reshape(-1)
     return Slots(slot_of_assignment.astype(jnp.int32), assignment_of_slot.astype(jnp.int32), q.counts)
 
@@ -147,15 +161,21 @@ def sort_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int,
     x [T, ℓ]; expert_idx, weights [T, k]; expert_fn maps the [E, C, ℓ] buffer to the experts'
     outputs (local experts, or an all_to_all round trip under expert parallelism).
     """
-    tokens, k = expert_idx.shape
     s = assign_slots(expert_idx, num_experts, cap)
+    y = slot_dispatch(x, s, weights, expert_fn, num_experts, cap)
+    return y, jnp.sum(jnp.maximum(s.counts - cap, 0))
+
+
+def slot_dispatch(x, s: Slots, weights, expert_fn: Callable, num_experts: int, cap: int):
+    """Move the assignments to their slots of the [E, C, ℓ] buffer, run `expert_fn` on it, and
+    combine each token's k outputs with its weights: y [T, ℓ] (dropped assignments add zero)."""
+    tokens, k = weights.shape
     token_of_slot = jnp.where(s.assignment_of_slot < tokens * k, s.assignment_of_slot % tokens, tokens)
     xe = take_rows(x, token_of_slot, s.slot_of_assignment.reshape(k, tokens))
     ye = expert_fn(xe.reshape(num_experts, cap, -1)).reshape(num_experts * cap, -1)
     y_assign = take_rows(ye, s.slot_of_assignment, s.assignment_of_slot[None, :]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
-    dropped = jnp.sum(jnp.maximum(s.counts - cap, 0))
-    return y.astype(x.dtype), dropped
+    return y.astype(x.dtype)
 
 
 def wave_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int, cap: int,
@@ -256,7 +276,7 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
     # Sender pool: rank within the (wave, peer) chunk, in assignment order.
     group = wave_of * peers + peer
     g_order = jnp.argsort(group, stable=True).astype(jnp.int32)
-    g_counts = jnp.zeros((waves * peers,), jnp.int32).at[group].add(1)
+    g_counts = routers.count_values(group, waves * peers)
     g_rank = jnp.zeros((n,), jnp.int32).at[g_order].set(
         jnp.arange(n, dtype=jnp.int32) - (jnp.cumsum(g_counts) - g_counts)[group[g_order]], unique_indices=True)
     sent = g_rank < send_cap
@@ -286,7 +306,7 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
         key = (r_expert * tokens + jnp.minimum(r_rank, tokens - 1)) * peers + src
         order = jnp.argsort(key).astype(jnp.int32)
         sorted_expert = r_expert[order]
-        counts = jnp.zeros((stripe + 1,), jnp.int32).at[r_expert].add(1)
+        counts = routers.count_values(r_expert, stripe + 1)
         position = jnp.arange(slots, dtype=jnp.int32) - (jnp.cumsum(counts) - counts)[sorted_expert]
         accept = (sorted_expert < stripe) & (position < recv_cap)
         row_sorted = jnp.where(accept, sorted_expert * recv_cap + position, rows)
@@ -316,6 +336,37 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
     return y.astype(x.dtype), {"send": send_dropped, "recv": recv_dropped}
 
 
+def pooled_one_device(x, expert_idx, weights, w: ExpertWeights, send_cap: int, recv_cap: int, waves: int):
+    """`pooled_dispatch` with one peer, in one pass: the same result and the same drops per stage.
+
+    With one peer the exchange is the identity and the waves only add bookkeeping (per wave: a
+    sort, a pool, a receive buffer; on one H200, ladder_d768 lowered to 76 scatters and 102 gathers
+    against fixed's 20 and 38). What is left is two drop rules and one fixed-capacity buffer:
+    - the sender pool keeps, of each wave's stripe of experts, the first S assignments in
+      assignment order; what it keeps of each expert is a prefix of that expert's queue;
+    - each expert receives at most R rows, its queue's first R among those kept.
+    So expert e runs the first min(kept_e, R) of its queue: `queue_slots` with cap R and that
+    limit, and the [E, R, ℓ] buffer of `sort_dispatch`. The published transport stays as it is
+    (not `fixed`: its sender pool drops what fixed would keep, so results would change)."""
+    tokens, k = expert_idx.shape
+    num_experts = w.gate.shape[0]
+    if num_experts % waves:  # validation refuses this config; a caller that skips it must not lose a stripe
+        raise ValueError(f"pooled: {num_experts} experts do not divide into {waves} waves")
+    flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)     # assignment a = j·T + t
+    wave_of = flat_expert // (num_experts // waves)
+    # Rank of each assignment within its wave's chunk, in assignment order: a running count per
+    # wave (waves is small), picked by the assignment's own wave; no sort, no scatter.
+    in_wave = wave_of[:, None] == jnp.arange(waves, dtype=jnp.int32)
+    g_rank = jnp.sum(jnp.where(in_wave, jnp.cumsum(in_wave, axis=0, dtype=jnp.int32), 0), axis=1) - 1
+    sent = g_rank < send_cap
+    kept = routers.count_values(jnp.where(sent, flat_expert, num_experts), num_experts)
+    q = expert_queues(expert_idx, num_experts)
+    s = queue_slots(q, recv_cap, limit=kept)
+    y = slot_dispatch(x, s, weights, partial(expert_swiglu, w=w), num_experts, recv_cap)
+    send_dropped = jnp.int32(flat_expert.shape[0]) - jnp.sum(kept)
+    return y, {"send": send_dropped, "recv": jnp.sum(jnp.maximum(kept - recv_cap, 0))}
+
+
 def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
     """Reference: every expert on every token, masked by the combine weights. Dropless."""
     tokens = x.shape[0]
@@ -326,16 +377,18 @@ def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
 
 
 def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
-    """Reference: sort by expert, grouped matmuls with `jax.lax.ragged_dot`. Dropless."""
+    """Reference: sort by expert, grouped matmuls with `jax.lax.ragged_dot`. Dropless.
+
+    The rows move by gathers whose transposes are gathers (`take_rows`), the group sizes are the
+    queues' counts: no scatter-add forward or backward. On GPU see marin/model/grouped.py."""
     tokens, k = expert_idx.shape
-    num_experts = w.gate.shape[0]
-    flat_expert = expert_idx.T.reshape(-1)
-    order = jnp.argsort(flat_expert, stable=True)
-    group_sizes = jnp.zeros((num_experts,), jnp.int32).at[flat_expert].add(1)
-    xs = x[order % tokens]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, group_sizes)) * jax.lax.ragged_dot(xs, w.up, group_sizes)
-    ys = jax.lax.ragged_dot(h, w.down, group_sizes)
-    y_assign = jnp.zeros_like(ys).at[order].set(ys).reshape(k, tokens, -1)
+    n = tokens * k
+    q = expert_queues(expert_idx, w.gate.shape[0])
+    sorted_pos = jnp.zeros((n,), jnp.int32).at[q.order].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
+    xs = take_rows(x, q.order % tokens, sorted_pos.reshape(k, tokens))            # [T·k, ℓ] by expert
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, q.counts)) * jax.lax.ragged_dot(xs, w.up, q.counts)
+    ys = jax.lax.ragged_dot(h, w.down, q.counts)
+    y_assign = take_rows(ys, sorted_pos, q.order[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     return y.astype(x.dtype)
 
@@ -354,12 +407,12 @@ def fixed_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
 
 @transport("pooled")
 def pooled_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
-    """The published pooled-wave transport with one peer: the experts in `model.ep_waves` stripes."""
+    """The published pooled-wave transport with one peer: its sender pool and receive buffers,
+    in one pass (`pooled_one_device`)."""
     m, (tokens, k), num_experts = cfg.model, expert_idx.shape, w.gate.shape[0]
     send, recv = pooled_capacities(tokens, k, num_experts, 1, m.ep_waves, m.ep_send_capacity_factor,
                                    m.ep_recv_capacity_factor)
-    return pooled_dispatch(x, expert_idx, weights, w, num_experts, 1, send, recv, m.ep_waves,
-                           remat_waves=remat_mode(m.remat) != "full")
+    return pooled_one_device(x, expert_idx, weights, w, send, recv, m.ep_waves)
 
 
 @transport("ragged")

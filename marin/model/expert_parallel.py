@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from marin.config.derive import remat_mode
 from marin.config.registry import Registry
+from marin.model import routers
 from marin.model.dispatch import (
     ExpertWeights,
     capacity,
@@ -174,7 +175,7 @@ def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int,
     expert = jnp.where(src < peers, jnp.sum(within[:, None] >= group_end, axis=-1), local)
     order = jnp.argsort(expert, stable=True).astype(jnp.int32)
     position = jnp.zeros((buffer_rows,), jnp.int32).at[order].set(r, unique_indices=True)
-    group_sizes = jnp.zeros((local + 1,), jnp.int32).at[expert].add(1)[:local]
+    group_sizes = routers.count_values(expert, local)   # compare-and-sum: no scatter-add (atomics) on GPU
     xr = take_rows(recv, order, position[None])
     h = jax.nn.silu(ragged_dot(xr, w.gate, group_sizes)) * ragged_dot(xr, w.up, group_sizes)
     out = take_rows(ragged_dot(h, w.down, group_sizes), position, order[None])

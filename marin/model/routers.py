@@ -14,6 +14,7 @@ spec defines over the global batch (QB's quantile, the load, the aux loss) are r
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -40,9 +41,19 @@ def combine_weights(chosen_logits, cfg):
     return gates * (cfg.router.combine_sum / jnp.sum(gates, axis=-1, keepdims=True))
 
 
+def count_values(idx, length: int, dtype=jnp.int32):
+    """How many entries of the integer array `idx` equal 0, 1, ..., length − 1 ([length]).
+
+    A compare-and-sum, not `.at[idx].add(1)`: that scatter-add makes every entry an atomic add
+    into `length` counters, which serialises on GPU (a step's T·k assignments onto E experts);
+    the comparison is one fused reduction, length · idx.size compares."""
+    values = jnp.arange(length, dtype=idx.dtype)
+    return jnp.sum(idx.reshape(-1, 1) == values, axis=0, dtype=dtype)
+
+
 def expert_load(expert_idx, num_experts: int, axis_names: Axes = ()):
     """Fraction of all assignments that go to each expert [E], before any capacity drop."""
-    counts = jnp.zeros((num_experts,), jnp.float32).at[expert_idx.reshape(-1)].add(1.0)
+    counts = count_values(expert_idx, num_experts, jnp.float32)
     total = _psum(jnp.float32(expert_idx.size), axis_names)
     return _psum(counts, axis_names) / total
 
@@ -54,7 +65,8 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
     bins; counts summed across devices; linear interpolation inside the bin where the
     cumulative count crosses q·N. Within one bin width of the smallest value with at least q·N
     values at or below it (numpy's `inverted_cdf`), so (1 − q)·N values lie above. Counts are int32 so that a global
-    batch beyond 2^24 tokens still counts exactly.
+    batch beyond 2^24 tokens still counts exactly. The histogram is never built: only its
+    crossing bin and the counts up to it, by bisection (below), the same numbers exactly.
     """
     values = jax.lax.stop_gradient(values.astype(jnp.float32))
     tokens, experts = values.shape
@@ -63,15 +75,29 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
         lo, hi = jax.lax.pmin(lo, tuple(axis_names)), jax.lax.pmax(hi, tuple(axis_names))
     width = jnp.maximum(hi - lo, 1e-12) / bins
     bin_idx = jnp.clip(jnp.floor((values - lo) / width), 0, bins - 1).astype(jnp.int32)
-    flat = (bin_idx + jnp.arange(experts, dtype=jnp.int32) * bins).reshape(-1)
-    counts = jnp.zeros((experts * bins,), jnp.int32).at[flat].add(1).reshape(experts, bins)
-    counts = _psum(counts, axis_names)
     n = _psum(jnp.int32(tokens), axis_names)
     target = q * n.astype(jnp.float32)                       # values below the quantile
-    cdf = jnp.cumsum(counts, axis=1)
-    crossing = jnp.argmax(cdf.astype(jnp.float32) >= target, axis=1)  # first bin reaching it
-    in_bin = jnp.take_along_axis(counts, crossing[:, None], axis=1)[:, 0].astype(jnp.float32)
-    below = jnp.take_along_axis(cdf, crossing[:, None], axis=1)[:, 0].astype(jnp.float32) - in_bin
+
+    def cdf(b):
+        """Values in bins ≤ b [E] (global), per column."""
+        return _psum(jnp.sum(bin_idx <= b, axis=0, dtype=jnp.int32), axis_names)
+
+    # The first bin whose cumulative count reaches the target, found by bisection over the bins:
+    # ceil(log2 bins) compare-and-sum passes over [T, E] (and psums of [E]) instead of scattering
+    # T·E ones into an [E, bins] histogram (a serialised scatter-add on GPU, and a psum of E·bins).
+    # The cumulative count is monotone in b, so this is the histogram's argmax(cdf ≥ target).
+    # Invariant: cdf(low) < target ≤ cdf(high); the interval halves each pass, ending at high = low + 1.
+    low, high = jnp.full((experts,), -1, jnp.int32), jnp.full((experts,), bins - 1, jnp.int32)
+    cdf_low, cdf_high = jnp.zeros((experts,), jnp.int32), jnp.broadcast_to(n, (experts,))
+    for _ in range(math.ceil(math.log2(bins))):
+        mid = (low + high + 1) // 2
+        cdf_mid = cdf(mid)
+        reached = cdf_mid.astype(jnp.float32) >= target
+        low, cdf_low = jnp.where(reached, low, mid), jnp.where(reached, cdf_low, cdf_mid)
+        high, cdf_high = jnp.where(reached, mid, high), jnp.where(reached, cdf_mid, cdf_high)
+    crossing = high
+    below = cdf_low.astype(jnp.float32)
+    in_bin = (cdf_high - cdf_low).astype(jnp.float32)
     frac = jnp.clip((target - below) / jnp.maximum(in_bin, 1.0), 0.0, 1.0)
     return lo + width * (crossing.astype(jnp.float32) + frac)
 

@@ -62,6 +62,44 @@ def test_histogram_quantile_within_a_bin_width():
         assert np.max(np.abs(estimate - exact)) <= bin_width, (estimate, exact, bin_width)
 
 
+def _scatter_histogram_quantile(values, q, bins):
+    """The estimator as it was written first (an [E, bins] histogram by scatter-add), one device:
+    the reference the scatter-free one must equal exactly."""
+    values = values.astype(jnp.float32)
+    tokens, experts = values.shape
+    lo, hi = jnp.min(values), jnp.max(values)
+    width = jnp.maximum(hi - lo, 1e-12) / bins
+    bin_idx = jnp.clip(jnp.floor((values - lo) / width), 0, bins - 1).astype(jnp.int32)
+    flat = (bin_idx + jnp.arange(experts, dtype=jnp.int32) * bins).reshape(-1)
+    counts = jnp.zeros((experts * bins,), jnp.int32).at[flat].add(1).reshape(experts, bins)
+    target = q * jnp.float32(tokens)
+    cdf = jnp.cumsum(counts, axis=1)
+    crossing = jnp.argmax(cdf.astype(jnp.float32) >= target, axis=1)
+    in_bin = jnp.take_along_axis(counts, crossing[:, None], axis=1)[:, 0].astype(jnp.float32)
+    below = jnp.take_along_axis(cdf, crossing[:, None], axis=1)[:, 0].astype(jnp.float32) - in_bin
+    frac = jnp.clip((target - below) / jnp.maximum(in_bin, 1.0), 0.0, 1.0)
+    return lo + width * (crossing.astype(jnp.float32) + frac)
+
+
+@pytest.mark.parametrize("tokens,experts,q,bins", [(4001, 5, 0.75, 10000), (2048, 8, 0.75, 7), (300, 6, 0.5, 2),
+                                                   (1000, 16, 1 - 2 / 16, 1000), (64, 4, 0.0, 50)])
+def test_histogram_quantile_equals_the_scatter_histogram_exactly(tokens, experts, q, bins):
+    """The bisection over cumulative counts finds the histogram's crossing bin and counts: the
+    same β bit for bit, ties (values on bin edges, repeated values) included."""
+    k1, k2 = jax.random.split(jax.random.key(tokens))
+    smooth = jax.random.gumbel(k1, (tokens, experts)) * jnp.arange(1, experts + 1)
+    tied = jnp.round(jax.random.normal(k2, (tokens, experts)) * 4) / 4        # many equal values
+    new, old = (jax.jit(f, static_argnums=(1, 2)) for f in (routers.histogram_quantile, _scatter_histogram_quantile))
+    for values in (smooth, tied):   # both jitted: the same final arithmetic, so the same rounding
+        np.testing.assert_array_equal(new(values, q, bins), old(values, q, bins))
+
+
+def test_expert_load_counts_like_bincount():
+    idx = jax.random.randint(jax.random.key(0), (513, 3), 0, 7)
+    np.testing.assert_array_equal(routers.count_values(idx, 9), np.bincount(np.asarray(idx).ravel(), minlength=9))
+    np.testing.assert_allclose(routers.expert_load(idx, 9), np.bincount(np.asarray(idx).ravel(), minlength=9) / idx.size)
+
+
 def test_router_bias_is_zero_mean_and_takes_no_gradient():
     cfg = _cfg("qb")
     state = jax.random.normal(jax.random.key(0), (3, E)) + 5.0

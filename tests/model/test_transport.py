@@ -74,6 +74,55 @@ def test_pooled_on_one_device_equals_the_reference_and_counts_its_drops():
     assert {s: int(v) for s, v in drops.items()} == {"send": 3 * 16, "recv": 0}
 
 
+def _one_pass_against_waves(send_factor, recv_factor) -> dict:
+    """Asserts that the one-device pooled transport (one fixed-capacity pass with the pool's drop
+    rules) gives what the wave-by-wave transport with one peer gives: values, gradients and drops
+    per stage. Returns the drops."""
+    tokens, experts, k, waves = 96, 6, 2, 3
+    kx, kw, kp, ki = jax.random.split(jax.random.key(5), 4)
+    x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
+    skew = jnp.array([3.0, 2.0, 0.0, 0.0, 1.0, 0.0])                    # stripe 0 is popular
+    idx = jax.lax.top_k(jax.random.gumbel(ki, (tokens, experts)) + skew, k)[1]
+    wts = jax.nn.softmax(jax.random.normal(kp, (tokens, k)))
+    probe = jax.random.normal(kp, x.shape)
+    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, waves, send_factor, recv_factor)
+
+    def loss(x, w, one_pass):
+        if one_pass:
+            y, drops = dispatch.pooled_one_device(x, idx, wts, w, send, recv, waves)
+        else:
+            y, drops = dispatch.pooled_dispatch(x, idx, wts, w, experts, 1, send, recv, waves)
+        return jnp.sum(y * probe), drops
+
+    results = [jax.jit(jax.value_and_grad(partial(loss, one_pass=p), argnums=(0, 1), has_aux=True))(x, w)
+               for p in (True, False)]
+    (value, drops), grads = results[0]
+    (ref, ref_drops), ref_grads = results[1]
+    assert {s: int(v) for s, v in drops.items()} == {s: int(v) for s, v in ref_drops.items()}
+    np.testing.assert_allclose(value, ref, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    return {s: int(v) for s, v in drops.items()}
+
+
+@pytest.mark.parametrize("send_factor,recv_factor,dropped_at", [(4.0, 4.0, ()), (0.7, 4.0, ("send",)),
+                                                                (4.0, 0.6, ("recv",)), (0.8, 0.7, ("send", "recv"))])
+def test_pooled_on_one_device_in_one_pass_equals_the_waves(send_factor, recv_factor, dropped_at):
+    """Nothing dropped, drops at the sender, at the receiver, at both: the same as the waves."""
+    drops = _one_pass_against_waves(send_factor, recv_factor)
+    assert {stage for stage, n in drops.items() if n} == set(dropped_at), drops
+
+
+def test_plan_says_pooled_runs_in_one_pass_on_one_device():
+    from marin.launch.plan import format_plan, plan
+
+    one = format_plan(plan(make_config("experiment=ladder_d768", "hardware=h200_node", "hardware.gpus_per_node=1",
+                                       "hardware.tasks_per_node=1", "hardware.mesh.expert=1", "dry_run=true")))
+    many = format_plan(plan(make_config("experiment=ladder_d768", "dry_run=true")))
+    assert "3 stripes in one pass (one device: the waves only add bookkeeping; the same drops)" in one
+    assert "3 waves" in many and "one pass" not in many
+
+
 # --- expert parallelism on 8 forced host devices ----------------------------------------------
 
 TRANSPORT_NAMES = ("fixed", "pooled", "ragged")
