@@ -30,7 +30,7 @@ KERNEL_CLASSES = [
     ("host copy", re.compile(r"memcpy.*(htod|dtoh|h2d|d2h)|MemcpyH|MemcpyD2H|MemcpyH2D", re.I)),
     ("device copy", re.compile(r"memcpy|memset", re.I)),
     ("attention kernel", re.compile(r"cudnn|fmha|flash|sdpa", re.I)),
-    ("GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|triton_dot|\bdot\b|ragged", re.I)),
+    ("GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|wgmma|triton_dot|\bdot\b|ragged|mosaic", re.I)),
     ("sort", re.compile(r"sort|radix", re.I)),
     ("scatter", re.compile(r"scatter", re.I)),
     ("gather/slice", re.compile(r"gather|dynamic.?slice|dynamic.?update", re.I)),
@@ -42,7 +42,7 @@ _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 
 
 def hlo_index(text: str) -> dict[str, tuple[str, str]]:
-    """instruction name → (opcode, op_name). A fusion without metadata of its own takes the
+    """instruction name → (opcode and custom-call target, op_name). A fusion without metadata of its own takes the
     op_name of the first instruction inside its fused computation that has one."""
     index, calls, first_in = {}, {}, {}
     computation = None
@@ -54,7 +54,8 @@ def hlo_index(text: str) -> dict[str, tuple[str, str]]:
             continue
         name, opcode = found.groups()
         op_name = re.search(r'op_name="([^"]*)"', line)
-        index[name] = (opcode, op_name.group(1) if op_name else "")
+        target = re.search(r'custom_call_target="([^"]+)"', line)   # __cublas$gemm, __cudnn$fmha…
+        index[name] = (f"{opcode} {target.group(1)}" if target else opcode, op_name.group(1) if op_name else "")
         if op_name and computation and computation not in first_in:
             first_in[computation] = op_name.group(1)
         called = _CALLS.search(line)
@@ -111,7 +112,7 @@ def profile_step(run_one, hlo_text: str, vocab: int, top: int = 20) -> dict:
     unmatched = 0.0
     for kernel, hlo_op, ns in _events(files[0]):
         opcode, op_name = index.get(hlo_op, ("", ""))
-        if opcode in CONTAINERS:
+        if opcode.split(" ")[0] in CONTAINERS:
             continue
         if not op_name:
             unmatched += ns
