@@ -47,6 +47,7 @@ class ExpertWeights(NamedTuple):
     down: jax.Array
 
 
+@jax.named_scope("expert_gemm")   # a part of its own in profiles (benchmarks/gpu_profile.py)
 def expert_swiglu(xe, w: ExpertWeights):
     """Every expert on its own rows: xe [E, C, ℓ] → [E, C, ℓ] (one batched matmul per weight)."""
     h = jax.nn.silu(jnp.einsum("ecl,eli->eci", xe, w.gate)) * jnp.einsum("ecl,eli->eci", xe, w.up)

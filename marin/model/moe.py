@@ -51,21 +51,28 @@ class MoE(nn.Module):
         )
 
         tokens = x.reshape(-1, d)
-        logits = matmul(tokens, router, jnp.dtype(m.router_dtype)).astype(jnp.float32)
-        h = RMSNorm(m.norm_eps, name="latent_norm")(matmul(tokens, latent_down, dtype)).astype(dtype)
+        # Named scopes: the parts of a profile (benchmarks/gpu_profile.py); the latent projections
+        # and shared experts count with the experts' matmuls, the rest of the layer is dispatch.
+        with jax.named_scope("routing"):
+            logits = matmul(tokens, router, jnp.dtype(m.router_dtype)).astype(jnp.float32)
+        with jax.named_scope("expert_gemm"):
+            h = matmul(tokens, latent_down, dtype)
+        h = RMSNorm(m.norm_eps, name="latent_norm")(h).astype(dtype)
         if expert_parallel_size(mesh) > 1:
             routed, stats = routed_experts_ep(h, logits, router_bias, experts, self.cfg, train=train, mesh=mesh)
         else:
             routed, stats = routed_experts(h, logits, router_bias, experts, self.cfg, train=train)
         combine = jnp.dtype(m.combine_dtype)  # the layer's output sum: routed experts' up-projection + shared experts
-        y = matmul(routed, latent_up, dtype, combine)
+        with jax.named_scope("expert_gemm"):
+            y = matmul(routed, latent_up, dtype, combine)
 
         if shared:
             gate = self.param("shared_gate", init, (shared, d, shared_width), jnp.float32)
             up = self.param("shared_up", init, (shared, d, shared_width), jnp.float32)
             down = self.param("shared_down", init, (shared, shared_width, d), jnp.float32)
             xc = tokens.astype(dtype)
-            hs = jax.nn.silu(jnp.einsum("td,sdi->tsi", xc, gate.astype(dtype))) * \
-                jnp.einsum("td,sdi->tsi", xc, up.astype(dtype))
-            y = y + jnp.einsum("tsi,sid->td", hs, down.astype(dtype), preferred_element_type=combine)
+            with jax.named_scope("expert_gemm"):
+                hs = jax.nn.silu(jnp.einsum("td,sdi->tsi", xc, gate.astype(dtype))) * \
+                    jnp.einsum("td,sdi->tsi", xc, up.astype(dtype))
+                y = y + jnp.einsum("tsi,sid->td", hs, down.astype(dtype), preferred_element_type=combine)
         return y.reshape(x.shape).astype(x.dtype), stats

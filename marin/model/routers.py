@@ -172,6 +172,7 @@ class BiasUpdate(Router):
         return nudged - jnp.mean(nudged, axis=-1, keepdims=True)
 
 
+@jax.named_scope("routing")   # a part of its own in profiles (benchmarks/gpu_profile.py)
 def route(logits, bias, cfg, *, axis_names: Axes = ()):
     """Choose experts: (expert_idx int32 [T,k], weights f32 [T,k], stats).
 
