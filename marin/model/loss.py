@@ -7,9 +7,11 @@ autodiff of `dot(h_bf16, W_bf16) → fp32 logits` differentiates into two GEMMs 
 fp32 cotangent: fp32 × fp32 over the vocabulary (TF32 on Hopper), plus an fp32 [rows, V] block
 per chunk. Here a `jax.custom_vjp` tiles both ways:
 
-- rows: the sequence is cut into chunks of about `ROW_TOKENS` tokens per device (every batch row
-  keeps its place in each chunk, so a batch split over devices stays split);
-- vocabulary: `VOCAB_TILE` columns at a time, the logsumexp kept online (running max and sum).
+- rows: the sequence is cut into chunks of at most `ROW_TOKENS` tokens per device (every batch
+  row keeps its place in each chunk, so a batch split over devices stays split);
+- vocabulary: at most `VOCAB_TILE` columns at a time, the logsumexp kept online (running max
+  and sum). Both sizes and the arithmetic of the tiling: marin/model/loss_tiling.py (JAX-free:
+  the memory plan reads it).
 
 Forward keeps only each row's logsumexp and target logit. Backward recomputes a tile's logits,
 forms dlogits = (softmax − onehot)·g_ce + 2·g_z·lse·softmax in fp32 (the second term is the
@@ -20,42 +22,13 @@ step is float32; a tiny vocabulary and a short batch are one tile and one chunk.
 """
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-# Tokens per row chunk on one device. With VOCAB_TILE this bounds the fp32 tile [rows, cols]
-# (8192 × 16384 × 4 B = 512 MiB) while each GEMM stays large enough to run at full rate.
-ROW_TOKENS = 8192
-# Columns per vocabulary tile: 128,256 → 8 tiles of 16,128. A multiple of TILE_ALIGN, so that
-# every tile but possibly the last is all real columns (the online max never meets a tile of
-# padding only).
-VOCAB_TILE = 16384
-TILE_ALIGN = 128   # tile widths are rounded up to this (tensor-core friendly GEMM shapes)
-
-
-def vocab_tiling(vocab: int, tile: int | None = None) -> tuple[int, int]:
-    """(tiles, columns per tile) covering `vocab`: one exact tile when it fits, else equal tiles
-    of at most `tile` (default VOCAB_TILE) columns rounded up to TILE_ALIGN (the excess is zero
-    padding, masked)."""
-    tile = tile or VOCAB_TILE
-    if vocab <= tile:
-        return 1, vocab
-    assert tile % TILE_ALIGN == 0, f"a vocabulary tile of {tile} is not a multiple of {TILE_ALIGN}"
-    n = math.ceil(vocab / tile)
-    return n, math.ceil(math.ceil(vocab / n) / TILE_ALIGN) * TILE_ALIGN
-
-
-def row_chunks(batch: int, seq: int, batch_shards: int = 1, tokens: int | None = None) -> int:
-    """How many chunks the sequence axis is cut into: the fewest (a divisor of `seq`) whose
-    chunk holds at most `tokens` (default ROW_TOKENS) tokens on one device (batch / batch_shards
-    rows); every position its own chunk when even that is more."""
-    tokens = tokens or ROW_TOKENS
-    rows = max(1, batch // batch_shards)
-    return next(n for n in range(1, seq + 1) if seq % n == 0 and (rows * seq // n <= tokens or n == seq))
+from marin.model.loss_tiling import row_chunks, vocab_tiling
 
 
 def linear_cross_entropy(hidden, kernel, targets, mask, dtype, *, batch_shards: int = 1,
@@ -63,7 +36,7 @@ def linear_cross_entropy(hidden, kernel, targets, mask, dtype, *, batch_shards: 
     """(Σ mask · cross-entropy, Σ mask · logsumexp²) of logits = hidden [B, T, d] · kernel [d, V],
     matmuls in `dtype` with float32 accumulation; targets int [B, T], mask float [B, T].
     Gradients flow to hidden and kernel (each in its own dtype). `row_tokens`, `vocab_tile`:
-    the tiling (default ROW_TOKENS, VOCAB_TILE, read at the call)."""
+    the tiling (default loss_tiling.ROW_TOKENS, VOCAB_TILE, read at the call)."""
     B, T, _ = hidden.shape
     tiles, width = vocab_tiling(kernel.shape[1], vocab_tile)
     layout = Layout(jnp.dtype(dtype), row_chunks(B, T, batch_shards, row_tokens), tiles, width,

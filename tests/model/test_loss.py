@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marin.model import loss
+from marin.model import loss, loss_tiling
 
 B, T, D, V = 4, 24, 32, 1000
 Z = 1e-2   # large z-loss weight, so that its gradient term is visible against the cross-entropy's
@@ -49,14 +49,14 @@ def _fused(**tiling):
 
 
 def test_tiling_covers_the_vocabulary_and_the_rows():
-    assert loss.vocab_tiling(512) == (1, 512)                 # the tiny model: one exact tile
-    assert loss.vocab_tiling(128256) == (8, 16128)            # Marin's tokenizer: 8 tiles, 768 columns padding
-    tiles, width = loss.vocab_tiling(V, 256)
-    assert tiles * width >= V > (tiles - 1) * width and width % loss.TILE_ALIGN == 0
-    assert loss.row_chunks(2, 16) == 1                        # a short batch: one chunk
-    assert loss.row_chunks(32, 4096) == 16                    # 131,072 tokens → chunks of 8,192
-    assert loss.row_chunks(32, 4096, batch_shards=8) == 2     # per device: 4 rows · 2048 positions
-    assert loss.row_chunks(4, 24, tokens=16) == 6             # a divisor of T: 4 rows · 4 positions ≤ 16
+    assert loss_tiling.vocab_tiling(512) == (1, 512)  # the tiny model: one exact tile
+    assert loss_tiling.vocab_tiling(128256) == (8, 16128)  # Marin's tokenizer: 8 tiles, 768 columns padding
+    tiles, width = loss_tiling.vocab_tiling(V, 256)
+    assert tiles * width >= V > (tiles - 1) * width and width % loss_tiling.TILE_ALIGN == 0
+    assert loss_tiling.row_chunks(2, 16) == 1  # a short batch: one chunk
+    assert loss_tiling.row_chunks(32, 4096) == 16  # 131,072 tokens → chunks of 8,192
+    assert loss_tiling.row_chunks(32, 4096, batch_shards=8) == 2  # per device: 4 rows · 2048 positions
+    assert loss_tiling.row_chunks(4, 24, tokens=16) == 6  # a divisor of T: 4 rows · 4 positions ≤ 16
 
 
 @pytest.mark.parametrize("dtype,rtol", [(jnp.float32, 2e-5), (jnp.bfloat16, 1e-2)])
@@ -64,8 +64,8 @@ def test_tiling_covers_the_vocabulary_and_the_rows():
 def test_loss_and_gradients_equal_the_plain_ones(dtype, rtol, tiling):
     args = _inputs()
     if tiling:  # the tiling under test: several chunks and tiles, the last tile part padding
-        assert loss.row_chunks(B, T, tokens=tiling["row_tokens"]) > 1
-        assert loss.vocab_tiling(V, tiling["vocab_tile"]) == (4, 256)
+        assert loss_tiling.row_chunks(B, T, tokens=tiling["row_tokens"]) > 1
+        assert loss_tiling.vocab_tiling(V, tiling["vocab_tile"]) == (4, 256)
     (total, parts), grads = _objective(_fused(**tiling), dtype)(*args)
     (ref_total, ref_parts), ref_grads = _objective(_reference, dtype)(*args)
     np.testing.assert_allclose(parts, ref_parts, rtol=1e-5)   # the forward is fp32 either way
@@ -114,10 +114,10 @@ def test_the_bf16_train_step_has_no_float32_vocabulary_matmul_or_logits(monkeypa
     vocab, batch, seq = 500, 4, 32   # a vocabulary no other dimension of model=tiny has
     cfg = make_config("model=tiny", "model.compute_dtype=bfloat16", f"model.vocab_size={vocab}",
                       f"train.seq_len={seq}", f"train.global_batch={batch}")
-    monkeypatch.setattr(loss, "ROW_TOKENS", 32)   # 4 chunks of 32 rows
-    monkeypatch.setattr(loss, "VOCAB_TILE", 256)  # 2 tiles of 256 columns, 12 of them padding
-    tiles, width = loss.vocab_tiling(vocab)
-    rows = batch * seq // loss.row_chunks(batch, seq)
+    monkeypatch.setattr(loss_tiling, "ROW_TOKENS", 32)   # 4 chunks of 32 rows
+    monkeypatch.setattr(loss_tiling, "VOCAB_TILE", 256)  # 2 tiles of 256 columns, 12 of them padding
+    tiles, width = loss_tiling.vocab_tiling(vocab)
+    rows = batch * seq // loss_tiling.row_chunks(batch, seq)
     assert (tiles, width, rows) == (2, 256, 32)
 
     tx = build_optimizer(cfg)
