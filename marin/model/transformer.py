@@ -8,7 +8,9 @@
 
 Layers differ only in data: each scan step receives its `is_global` flag and its router bias
 row, so compile time does not grow with depth. Parameters are float32 masters; matmuls run in
-`model.compute_dtype`; norms, softmax, logits and the loss stay float32. The residual stream
+`model.compute_dtype`; norms, softmax, logits and the loss stay float32 (the head and the loss
+are fused, marin/model/loss.py: the logits' gradient enters the head's backward matmuls in the
+compute dtype, and the logits exist one tile at a time). The residual stream
 (each layer's carry, and what `model.offload_carry` stages in host memory) is in
 `model.residual_dtype`: float32 by default, bfloat16 as production ran it (spec §8 "Numerics").
 
