@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from marin.config.counts import Shapes, active_params_of, total_params_of  # shapes: config arithmetic
 from marin.config.derive import OffloadCost, batch_shards, remat_mode
 from marin.config.schema import Config
+from marin.model import loss_tiling  # pure Python: the fused loss's tile sizes
 
 
 def _gated_norm(s: Shapes) -> int:
@@ -157,7 +158,8 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 # (parameters, batch, the optimizer state unless optim.offload moves it to pinned host memory, in
 # which case the largest leaf is staged in at a time) plus the largest of four phases' transients:
 #   forward   one layer's buffers (dispatch, attention) and the embedding's, with the carries saved so far;
-#   loss      one chunk of fp32 logits and its gradient (transformer.LOSS_CHUNK positions), the
+#   loss      one tile of the fused head + loss (marin/model/loss.py: a row chunk by a vocabulary
+#             tile, marin/model/loss_tiling.py): its fp32 logits and their gradient, the
 #             gathered head and its gradient;
 #   backward  the gradients accumulating, one layer's recomputed buffers and their cotangents;
 #   update    the gradients and the optimizer's temporaries (MuonH: one layer at a time).
@@ -168,9 +170,8 @@ def leaves_of(s: Shapes) -> list[Leaf]:
 #      wave's for pooled, the shared receive buffer for ragged) of max(ℓ, I) (marin/model/dispatch.py,
 #      expert_parallel.py); evaluation's: E·C rows (or E·T unbounded);
 #   LAT one fp32 [tokens, ℓ] array (the latent: down-projected, normed, combined);
-#   LC one chunk of fp32 logits [micro, LOSS_CHUNK, V];  HV the head (or embedding) [d, V] fp32;
-#   LCD the same chunk for the whole per-device batch: with micro-batches the backward of the
-#       loss's take_along_axis (a scatter-add) is formed that wide by the partitioner (as compiled);
+#   LC one tile of fp32 logits [row chunk, vocabulary tile];  HV the head (or embedding) [d, V] fp32;
+#   LCD the same tile's gradient, cast to the compute dtype for the head's two backward matmuls;
 #   W  one layer's non-expert weights in fp32, gathered whole under FSDP (and their gradient).
 # The "copies" of each are calibrated on the compiled ladder rungs, stages and hero (their table
 # and the 20% check: tests/launch/test_memory_plan.py). XLA:CPU computes bf16 matmuls in fp32, so
@@ -185,11 +186,12 @@ GIB = 2 ** 30
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FSDP_MIN_SIZE = 2 ** 14       # as marin/train/state.py: smaller leaves stay replicated
-LOSS_CHUNK = 512              # as marin/model/transformer.py: positions per chunk of the loss
 PHASES = ("forward", "loss", "backward", "update")
 # Calibrated (see above): copies of each array live at the phase's high-water mark.
 FORWARD = {"D": 3.0, "X": 10.0, "HV": 3.0}
-LOSS = {"LC": 1.0, "LCD": 1.0, "HV": 4.0, "X": 13.0}
+# LOSS's LC and LCD: the fused loss's tile (logits and softmax; the cast gradient), not yet
+# calibrated on a compile of it: the loss phase is below the backward's on the rungs and the hero.
+LOSS = {"LC": 2.0, "LCD": 1.0, "HV": 4.0, "X": 13.0}
 BACKWARD = {"D": 6.0, "X": 28.0, "A": 13.0, "LAT": 5.0, "HV": 1.0, "W": 3.0}
 ARENA = 1.08                  # the arena over a phase's live buffers (compiled rungs: ≈4–8%; hero more)
 UPDATE_LEAF = 2.0             # whole-leaf fp32 temporaries of the largest stacked leaf (momentum, direction)
@@ -354,19 +356,19 @@ def working_bytes(cfg: Config, backend: str) -> int:
     return FP32 if backend == "cpu" else DTYPE_BYTES[cfg.model.compute_dtype]
 
 
-def loss_chunk_bytes(cfg: Config, sequences: int, element_bytes: int = FP32) -> float:
-    """One chunk of the loss's logits for `sequences` rows: [sequences, LOSS_CHUNK, V]
-    (marin/model/transformer.py `chunked_cross_entropy`: fp32 logits, one chunk at a time).
-    The one place the plan models the loss kernel: a vocabulary-tiled or bf16 loss changes this."""
+def loss_tile_bytes(cfg: Config, sequences: int, element_bytes: int = FP32) -> float:
+    """One tile of the fused loss's logits on a device holding `sequences` rows:
+    [row chunk, vocabulary tile] (marin/model/loss.py, its sizes from marin/model/loss_tiling.py).
+    The one place the plan models the loss kernel."""
     T = cfg.train.seq_len
-    chunk = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
-    return sequences * chunk * Shapes.of(cfg).V * element_bytes
+    rows = sequences * T // loss_tiling.row_chunks(sequences, T)   # `sequences` is already per device
+    return rows * loss_tiling.vocab_tiling(Shapes.of(cfg).V)[1] * element_bytes
 
 
-def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch: bool = False,
+def _units(cfg: Config, tokens: int, micro: int, eval_dispatch: bool = False,
            backend: str = "cpu") -> dict[str, float]:
     """The arrays of the module comment, in bytes per device, for `micro` sequences (`tokens`)
-    of the `per_device` a device holds in a step, on `backend` (`working_bytes`)."""
+    on one device, on `backend` (`working_bytes`)."""
     s, m = Shapes.of(cfg), cfg.model
     unbounded = eval_dispatch and m.eval_dropless and m.eval_dispatch == "unbounded"
     cap = tokens if unbounded else capacity(tokens, s.k, s.E, m.capacity_factor)
@@ -375,8 +377,8 @@ def _units(cfg: Config, tokens: int, micro: int, per_device: int, eval_dispatch:
     work = working_bytes(cfg, backend)
     return {"X": tokens * s.d * work, "A": tokens * s.H * s.h * work, "LAT": tokens * s.latent * work,
             "D": rows * max(s.latent, s.I) * work,
-            "LC": loss_chunk_bytes(cfg, micro),                 # the logits: fp32 on every backend
-            "LCD": loss_chunk_bytes(cfg, per_device, work),     # their cotangent, into the head's bf16 matmul
+            "LC": loss_tile_bytes(cfg, micro),                  # the logits: fp32 on every backend
+            "LCD": loss_tile_bytes(cfg, micro, work),           # their gradient, cast for the head's matmuls
             "HV": s.d * s.V * FP32, "W": _state(cfg)["layer_weights"]}
 
 
@@ -405,7 +407,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None, backend: str
     micro = int(t.micro_batch)
     n_micro = micro_batches(cfg)
     tokens = micro * t.seq_len                                    # one micro-batch on one device
-    u = _units(cfg, tokens, micro, per_device, backend=backend)
+    u = _units(cfg, tokens, micro, backend=backend)
     state = _state(cfg)
     params = state["params"]
     offload = bool(cfg.optim.offload)
@@ -458,7 +460,7 @@ def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
 
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
-    u = _units(cfg, per_device * t.seq_len, per_device, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))
+    u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))
     resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
     layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
     loss = EVAL["LC"] * u["LC"] + EVAL["HV"] * u["HV"]

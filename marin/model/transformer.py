@@ -8,7 +8,9 @@
 
 Layers differ only in data: each scan step receives its `is_global` flag and its router bias
 row, so compile time does not grow with depth. Parameters are float32 masters; matmuls run in
-`model.compute_dtype`; norms, softmax, logits and the loss stay float32. The residual stream
+`model.compute_dtype`; norms, softmax, logits and the loss stay float32 (the head and the loss
+are fused, marin/model/loss.py: the logits' gradient enters the head's backward matmuls in the
+compute dtype, and the logits exist one tile at a time). The residual stream
 (each layer's carry, and what `model.offload_carry` stages in host memory) is in
 `model.residual_dtype`: float32 by default, bfloat16 as production ran it (spec §8 "Numerics").
 
@@ -24,10 +26,11 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from marin.config.counts import layer_is_global
-from marin.config.derive import remat_mode
+from marin.config.derive import batch_shards, remat_mode
 from marin.config.schema import Config
 from marin.model.attention import Attention
 from marin.model.conv import CausalConv
+from marin.model.loss import linear_cross_entropy
 from marin.model.memory import fetch
 from marin.model.moe import MoE
 from marin.model.norms import GatedNorm, RMSNorm, matmul, matrix_init
@@ -219,30 +222,6 @@ def forward(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
     return logits, {"router": stats}
 
 
-LOSS_CHUNK = 512  # positions per chunk of the loss: logits [B, 512, V] exist one chunk at a time
-
-
-def chunked_cross_entropy(hidden, kernel, targets, mask, dtype):
-    """(Σ masked cross-entropy, Σ masked logsumexp²) of logits = hidden · kernel, computed over
-    sequence chunks with each chunk rematerialised, so the float32 logits [B, T, V] (and their
-    gradient) never exist whole: at 128K vocabulary they would be the largest buffer of a step."""
-    B, T, d = hidden.shape
-    size = LOSS_CHUNK if T % LOSS_CHUNK == 0 else T
-    split = lambda x: jnp.moveaxis(x.reshape(B, T // size, size, *x.shape[2:]), 1, 0)
-
-    @jax.checkpoint
-    def chunk(carry, xs):
-        h, t, m = xs
-        logits = matmul(h, kernel, dtype, jnp.float32)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
-        return (carry[0] + jnp.sum((lse - target) * m), carry[1] + jnp.sum(jnp.square(lse) * m)), None
-
-    zero = jnp.zeros((), jnp.float32)
-    (ce, lse_sq), _ = jax.lax.scan(chunk, (zero, zero), (split(hidden), split(targets), split(mask)))
-    return ce, lse_sq
-
-
 def load_spread(load: jax.Array) -> jax.Array:
     """Mean over layers of (max − min expert load) / mean expert load: 0 when perfectly balanced,
     E (the expert count) when one expert takes every assignment."""
@@ -263,7 +242,9 @@ def loss_fn(params, batch: dict, router_bias: jax.Array, cfg: Config, *, train: 
         kernel = jax.lax.with_sharding_constraint(kernel, NamedSharding(mesh, PartitionSpec()))
     mask = batch["loss_mask"].astype(jnp.float32)
     tokens = jnp.maximum(jnp.sum(mask), 1.0)
-    ce_sum, lse_sq_sum = chunked_cross_entropy(hidden, kernel, batch["targets"], mask, compute_dtype(cfg))
+    # fused head + loss: logits exist one [row chunk, vocabulary tile] at a time (marin/model/loss.py)
+    ce_sum, lse_sq_sum = linear_cross_entropy(hidden, kernel, batch["targets"], mask, compute_dtype(cfg),
+                                              batch_shards=batch_shards(cfg.hardware) if mesh is not None else 1)
     ce = ce_sum / tokens
     z_loss = cfg.model.z_loss * lse_sq_sum / tokens
     aux_loss = jnp.sum(stats["aux_loss"])
