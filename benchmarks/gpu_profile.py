@@ -16,7 +16,8 @@ import tempfile
 import time
 from collections import defaultdict
 
-# First match wins. The scopes are the model's own names: Flax modules (attn, moe, head) and the
+# First match wins; the rest is "other" (norms, convolutions, embedding, copies XLA inserted). The
+# scopes are the model's own names: Flax modules (attn, moe, head) and the
 # named scopes of marin/model (routing, expert_gemm, head_loss) and marin/train/step.py (optimizer).
 PARTS = [
     ("optimizer", re.compile(r"/optimizer/|optax|muon|newton|scale_by")),
@@ -25,6 +26,9 @@ PARTS = [
     ("routing", re.compile(r"/routing/|/router|histogram|quantile")),
     ("expert GEMMs", re.compile(r"/expert_gemm/|/shared_")),
     ("dispatch", re.compile(r"/moe/")),
+    # The layer scan's own data movement: each layer's slice of the stacked parameters read, its
+    # outputs (residuals, gradients) written into the stacked [L, ...] buffers.
+    ("layer scan", re.compile(r"dynamic_(update_)?index_in_dim")),
 ]
 KERNEL_CLASSES = [
     ("host copy", re.compile(r"memcpy.*(htod|dtoh|h2d|d2h)|MemcpyH|MemcpyD2H|MemcpyH2D", re.I)),
@@ -37,7 +41,9 @@ KERNEL_CLASSES = [
 ]
 # Events of these wrap other events (XLA:CPU's control-flow thunks): counting them would count twice.
 CONTAINERS = {"while", "conditional", "call", "async-start", "async-done"}
-_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+\s+([\w\-]+)\(")
+# name = shape opcode(...): the shape may be a tuple with spaces (a while's state), so the opcode is
+# the first word that opens a parenthesis after a space.
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from marin.model.loss_tiling import row_chunks, vocab_tiling
 
 
+@jax.named_scope("head_loss")   # a part of its own in profiles (benchmarks/gpu_profile.py)
 def linear_cross_entropy(hidden, kernel, targets, mask, dtype, *, batch_shards: int = 1,
                          row_tokens: int | None = None, vocab_tile: int | None = None):
     """(Σ mask · cross-entropy, Σ mask · logsumexp²) of logits = hidden [B, T, d] · kernel [d, V],
