@@ -86,7 +86,33 @@ def grouped_matmul(x, w, group_sizes, impl: str = "xla"):
     if impl not in IMPLS:
         raise ValueError(f"grouped_matmul: impl must be one of {IMPLS}; got {impl!r}")
     dtype = jnp.result_type(x.dtype, w.dtype)
-    return _grouped_matmul(x.astype(dtype), w.astype(dtype), group_sizes.astype(jnp.int32), impl)
+    x, w, group_sizes = x.astype(dtype), w.astype(dtype), group_sizes.astype(jnp.int32)
+    x, w = _varying_alike(x, w, group_sizes)
+    return _grouped_matmul(x, w, group_sizes, impl)
+
+
+def _varying_alike(x, w, group_sizes):
+    """Inside shard_map, x and w cast to vary over every mesh axis any of the three operands varies
+    over (e.g. the expert-sharded w over the batch axes too). A custom VJP's cotangents must have
+    their primals' types: cast here, outside it, the cast's transpose (a psum over those axes)
+    is what reduces dw over the batch shards, as autodiff of ragged_dot does itself."""
+    union = _varying_axes(x) | _varying_axes(w) | _varying_axes(group_sizes)
+
+    def cast(a):
+        missing = tuple(sorted(union - _varying_axes(a)))
+        if not missing:
+            return a
+        if hasattr(jax.lax, "pcast"):
+            return jax.lax.pcast(a, missing, to="varying")
+        return jax.lax.pvary(a, missing)   # older jax
+    return cast(x), cast(w)
+
+
+def _varying_axes(a) -> frozenset:
+    """The manual mesh axes `a` varies over (jax 0.10/0.11: `typeof(a).mat.varying`; older: `.vma`)."""
+    t = jax.typeof(a)
+    mat = getattr(t, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(t, "vma", None) or ())
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
