@@ -87,16 +87,17 @@ def grouped_matmul(x, w, group_sizes, impl: str = "xla"):
         raise ValueError(f"grouped_matmul: impl must be one of {IMPLS}; got {impl!r}")
     dtype = jnp.result_type(x.dtype, w.dtype)
     x, w, group_sizes = x.astype(dtype), w.astype(dtype), group_sizes.astype(jnp.int32)
-    x, w = _varying_alike(x, w, group_sizes)
+    x, w, group_sizes = _varying_alike(x, w, group_sizes)
     return _grouped_matmul(x, w, group_sizes, impl)
 
 
-def _varying_alike(x, w, group_sizes):
-    """Inside shard_map, x and w cast to vary over every mesh axis any of the three operands varies
-    over (e.g. the expert-sharded w over the batch axes too). A custom VJP's cotangents must have
-    their primals' types: cast here, outside it, the cast's transpose (a psum over those axes)
-    is what reduces dw over the batch shards, as autodiff of ragged_dot does itself."""
-    union = _varying_axes(x) | _varying_axes(w) | _varying_axes(group_sizes)
+def _varying_alike(*operands):
+    """Inside shard_map, the operands cast to vary over every mesh axis any of them varies over
+    (e.g. the expert-sharded w over the batch axes too; a Pallas kernel takes operands alike). A
+    custom VJP's cotangents must have their primals' types: cast here, outside it, the cast's
+    transpose (a psum over those axes) is what reduces dw over the batch shards, as autodiff of
+    ragged_dot does itself."""
+    union = frozenset().union(*(_varying_axes(a) for a in operands))
 
     def cast(a):
         missing = tuple(sorted(union - _varying_axes(a)))
@@ -105,7 +106,7 @@ def _varying_alike(x, w, group_sizes):
         if hasattr(jax.lax, "pcast"):
             return jax.lax.pcast(a, missing, to="varying")
         return jax.lax.pvary(a, missing)   # older jax
-    return cast(x), cast(w)
+    return tuple(cast(a) for a in operands)
 
 
 def _varying_axes(a) -> frozenset:
