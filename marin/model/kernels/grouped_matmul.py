@@ -80,6 +80,7 @@ def ragged_weight_grad(x, dy, group_sizes, impl: str = "xla"):
 
 # --- the custom VJP ----------------------------------------------------------------------------
 
+@jax.named_scope("expert_gemm")   # the profile's part for the experts' matmuls (benchmarks/gpu_profile.py)
 def grouped_matmul(x, w, group_sizes, impl: str = "xla"):
     """x [M, K] · w [G, K, N] per group of rows (`group_sizes` [G] int32) → [M, N], in x and w's
     promoted dtype, differentiable in x and w; `impl`: mosaic | xla (see the module's docstring)."""
