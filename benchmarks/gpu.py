@@ -20,8 +20,9 @@ Parts, in order:
             (attention, routing, dispatch, expert GEMMs, head and loss, optimizer, other) from the
             HLO op metadata (benchmarks/gpu_profile.py)
   attention the attention kernels (`attention.impl`) fwd+bwd on packed rows (benchmarks/gpu_probes.py)
-  grouped   `jax.lax.ragged_dot` fwd+bwd against the capacity-padded batched einsum: time, and the
-            compiled FLOPs over the useful ones (a dense rewrite shows as ≈ the group count)
+  grouped   `jax.lax.ragged_dot` and (GPU) `grouped_matmul` with JAX's Mosaic GPU kernels fwd+bwd
+            against the capacity-padded batched einsum: time, the compiled FLOPs over the useful
+            ones (a dense rewrite shows as ≈ the group count) and the kernel's max |Δ| from XLA's
 
 Configs are composed through Hydra as launch.py composes them (`marin.config.store.compose`); a
 preset is a list of overrides and a variant adds more (`NAME: k=v k=v`).

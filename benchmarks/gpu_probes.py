@@ -1,7 +1,7 @@
 """Kernel probes of benchmarks/gpu.py: the attention kernels and the grouped GEMM, fwd+bwd.
 
-Each probe times the project's own code path (the `attention.impl` registry; `jax.lax.ragged_dot`
-as `model.dispatch=ragged_dot` and `model.ep_transport=ragged` call it) at the first preset's
+Each probe times the project's own code path (the `attention.impl` registry; `kernels.grouped_matmul`
+as `model.dispatch=ragged_dot` and `model.ep_transport=ragged` call it, by `model.grouped_matmul`) at the first preset's
 shapes, and compares it with the kernel it would replace.
 """
 from __future__ import annotations
@@ -88,11 +88,16 @@ def attention(cfg, doc_len: int, tiny: bool, left) -> dict:
 
 
 def grouped(cfg, tiny: bool, left) -> dict:
-    """`jax.lax.ragged_dot` (XLA's default lowering and, on GPU, JAX's Pallas-Triton one) against
-    the capacity-padded batched einsum of `model.dispatch=sort`, fwd+bwd of one expert matmul;
-    `flops_over_useful` ≈ the group count means XLA rewrote the ragged dot into a dense one."""
+    """`jax.lax.ragged_dot` (XLA's lowering) and, on GPU, `kernels.grouped_matmul` with JAX's Mosaic
+    GPU kernels (`model.grouped_matmul=mosaic`) against the capacity-padded batched einsum of
+    `model.dispatch=sort`, fwd+bwd of one expert matmul; `flops_over_useful` ≈ the group count means
+    XLA rewrote the ragged dot into a dense one (a kernel is a custom call: ≈ 0). The Mosaic entry's
+    `max_abs_diff` is its largest |Δ| from XLA's ragged_dot over the forward output and both
+    gradients (`max_abs_diff_by_output`: y, dx, dw)."""
     import jax
     import jax.numpy as jnp
+
+    from marin.model.kernels.grouped_matmul import grouped_matmul
     m = cfg.model
     rows, kd, nd, groups = (256, 32, 64, 4) if tiny else (16384 * 8, int(m.latent_dim), int(m.expert_width), m.num_experts)
     rows = rows if tiny else min(rows, cfg.train.global_batch * cfg.train.seq_len * cfg.router.top_k)
@@ -105,28 +110,31 @@ def grouped(cfg, tiny: bool, left) -> dict:
     cap = int(math.ceil(1.25 * rows / groups / 8) * 8)
     xe = jnp.asarray(rng.standard_normal((groups, cap, kd)) * 0.1, jnp.bfloat16)
     ce = jnp.asarray(rng.standard_normal((groups, cap, nd)), jnp.bfloat16)
-    modes = {"einsum (capacity 1.25)": (lambda a, b: jnp.sum((jnp.einsum("gck,gkn->gcn", a, b) * ce).astype(jnp.float32)), (xe, w)),
-             "ragged_dot (XLA)": (lambda a, b: jnp.sum((jax.lax.ragged_dot(a, b, sizes) * c).astype(jnp.float32)), (x, w))}
+    ragged = {"ragged_dot (XLA)": jax.lax.ragged_dot}
     if jax.default_backend() == "gpu":
-        modes["ragged_dot (Pallas-Triton)"] = modes["ragged_dot (XLA)"]
-    results = {}
+        ragged["grouped_matmul (Mosaic GPU)"] = lambda a, b, s: grouped_matmul(a, b, s, impl="mosaic")
+    modes = {"einsum (capacity 1.25)": (lambda a, b: jnp.sum((jnp.einsum("gck,gkn->gcn", a, b) * ce).astype(jnp.float32)), (xe, w))}
+    for name, matmul in ragged.items():
+        modes[name] = ((lambda mm: lambda a, b: jnp.sum((mm(a, b, sizes) * c).astype(jnp.float32)))(matmul), (x, w))
+    results, outputs = {}, {}
     for name, (loss, args) in modes.items():
         if left() < 10:
             results[name] = {"error": "skipped: budget"}
             continue
-        pallas = "Pallas" in name
         try:
-            if pallas:
-                jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", True)
             compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
             cost = compiled.cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
             sec = _timed(compiled, args, 3)
             results[name] = {"ms": sec * 1e3, "tflops_per_s": useful / sec / 1e12,
                              "flops_over_useful": float((cost or {}).get("flops", float("nan"))) / useful}
+            if name in ragged:   # the forward output and both gradients, for the |Δ| against XLA's
+                outputs[name] = (jax.jit(ragged[name])(x, w, sizes), *compiled(*args))
+            reference = outputs.get("ragged_dot (XLA)")
+            if name in outputs and name != "ragged_dot (XLA)" and reference is not None:
+                parts = {part: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                         for part, a, b in zip(("y", "dx", "dw"), outputs[name], reference)}
+                results[name] |= {"max_abs_diff": max(parts.values()), "max_abs_diff_by_output": parts}
         except Exception as exc:
             results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
-        finally:
-            if pallas:
-                jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", False)
     return {"shape": f"rows {rows}, {kd} → {nd}, {groups} groups", "results": results}

@@ -17,9 +17,12 @@ moe ≤ 2.0× dense, and moe's useful FLOP rate ≥ 35 % of the matmul rate. The
 compiled FLOP count over the useful FLOPs (≈ capacity factor for `sort`; E/k for dense dispatch),
 then each MoE step's data movement (`marin.model.census`: StableHLO scatters, gathers, sorts).
 `--pallas-ragged` times `moe[ragged_dot]` with JAX's Pallas-Triton lowering of ragged_dot (GPU).
+`--grouped-matmul mosaic` times `moe[ragged_dot]` with JAX's Mosaic GPU grouped GEMM (Hopper, bf16;
+`model.grouped_matmul`); default xla (`jax.lax.ragged_dot`).
 `--ragged-probe` adds the grouped matmuls of `ragged_dot` at the layer's shapes (T·k rows, E
 groups), compiled forward + backward, with JAX's Pallas-Triton lowering off and (on a GPU whose
-jax has it) on: XLA's FLOPs over the useful ones, and the guard's verdict (marin/model/grouped.py).
+jax has it) on, and on a Hopper GPU through `grouped_matmul`'s Mosaic kernels: XLA's FLOPs over the
+useful ones, and the guard's verdict (marin/model/grouped.py).
 
 With `--ep-devices 8` it instead compares the expert-parallel training transports on 8 forced host
 devices (mesh data 2 × expert 4): `fixed` and `pooled` (the published pooled-wave transport),
@@ -78,6 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--skew", type=float, default=0.12, help="with --ep-devices: per-device topic shift")
     p.add_argument("--pallas-ragged", action="store_true",
                    help="lower ragged_dot through JAX's Pallas-Triton kernel (GPU; a jax that has it): times moe[ragged_dot] with it")
+    p.add_argument("--grouped-matmul", default="xla", choices=("xla", "mosaic"),
+                   help="the ragged paths' grouped GEMM (model.grouped_matmul): xla = ragged_dot, mosaic = JAX's "
+                        "Mosaic GPU kernels (Hopper, bf16)")
     p.add_argument("--ragged-probe", action="store_true",
                    help="also: ragged_dot's compiled/useful FLOPs at these shapes, Pallas lowering off and on")
     return p.parse_args(argv)
@@ -89,6 +95,7 @@ def make_cfg(a, dispatch: str) -> Config:
     m.d_model, m.latent_dim, m.expert_width, m.shared_width = a.d, a.latent, a.width, a.width
     m.num_experts, m.num_shared_experts, m.capacity_factor = a.experts, a.shared, a.capacity_factor
     m.dispatch, m.compute_dtype, m.init_std = dispatch, a.dtype, 0.5 / a.d ** 0.5
+    m.grouped_matmul = a.grouped_matmul
     r.kind, r.top_k = a.router, a.top_k
     r.combine = "softmax" if a.router == "softmax_aux" else "sigmoid"
     return cfg
@@ -246,8 +253,12 @@ def main(argv=None):
 
 def ragged_probe_main(a):
     """ragged_dot's grouped matmuls at this layer's shapes: XLA's FLOPs over the useful ones, the
-    Pallas-Triton lowering off and (where this jax has it, on a GPU) on, and the guard's verdict."""
+    Pallas-Triton lowering off and (where this jax has it, on a GPU) on, and (on a Hopper GPU)
+    `grouped_matmul` with JAX's Mosaic GPU kernels; the guard's verdict on each."""
+    from functools import partial
+
     from marin.model import grouped
+    from marin.model.kernels import grouped_matmul as kernel
 
     modes = [False] + ([True] if jax.default_backend() == "gpu" and grouped.pallas_lowering_available() else [])
     cudnn = grouped.cudnn_version()
@@ -257,6 +268,16 @@ def ragged_probe_main(a):
                                          "model.dispatch=ragged_dot", pallas) or "allowed"
         print(f"ragged_dot probe, Pallas lowering {'on ' if pallas else 'off'}: XLA/useful {probe['ratio']:.2f}, "
               f"{probe['custom_calls']} custom calls; guard: {verdict}")
+    why_not = kernel.mosaic_unavailable()
+    if why_not:
+        print(f"grouped_matmul (Mosaic GPU) probe: skipped ({why_not})")
+        return
+    probe = grouped.ragged_probe(a.tokens * a.top_k, a.experts, a.latent, a.width, a.dtype,
+                                 grouped_matmul=partial(kernel.grouped_matmul, impl="mosaic"))
+    verdict = grouped.ragged_refusal(probe["compiled_flops"], probe["useful_flops"], probe["platform"], cudnn,
+                                     "model.dispatch=ragged_dot") or "allowed"
+    print(f"grouped_matmul (Mosaic GPU) probe: XLA/useful {probe['ratio']:.2f}, {probe['custom_calls']} custom calls; "
+          f"guard: {verdict}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,18 @@ def attention_impl(cfg: Config) -> str:
     return "cudnn" if gpu_kernel else "blockwise"
 
 
+def grouped_matmul_impl(cfg: Config) -> str:
+    """`model.grouped_matmul`; ``auto`` = JAX's Mosaic GPU grouped GEMM on GPUs when the compute
+    dtype is 16-bit (the kernel is wgmma's: Hopper, 16-bit operands), else XLA's ragged_dot. Whether
+    the kernel really runs on this GPU is decided at run time (marin/model/grouped.py refuses a
+    ragged path it cannot run, before training)."""
+    impl = cfg.model.grouped_matmul
+    if not is_auto(impl):
+        return impl
+    gpu_kernel = cfg.hardware.platform == "gpu" and cfg.model.compute_dtype == "bfloat16"
+    return "mosaic" if gpu_kernel else "xla"
+
+
 def attention_kernel(cfg: Config) -> str:
     """The attention kernel that will really run, in words (the plan's line): cudnn runs cuDNN's
     packed-row kernel up to `attention.cudnn_max_documents` documents a row, blockwise beyond."""
@@ -296,6 +308,7 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     if is_auto(a.qk_norm_eps):
         a.qk_norm_eps = m.norm_eps
     a.impl = attention_impl(cfg)
+    m.grouped_matmul = grouped_matmul_impl(cfg)
 
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model

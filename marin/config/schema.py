@@ -41,6 +41,10 @@ class ModelConfig:
     shared_width: Any = setting(AUTO, "I_s; auto = d/2", range=count(1))
     capacity_factor: float = setting(1.25, "fixed per-expert capacity = cf · T·k/E", range=POSITIVE)
     dispatch: str = setting("sort", "sort | ragged_dot | dense (reference paths)", choices=("sort", "ragged_dot", "dense"))
+    grouped_matmul: str = setting(
+        "auto", "the ragged paths' grouped GEMM (model.dispatch=ragged_dot, model.ep_transport=ragged): mosaic = JAX's "
+        "Hopper Pallas Mosaic-GPU kernels | xla = jax.lax.ragged_dot; auto = mosaic on gpu in bf16, xla elsewhere",
+        choices=("auto", "mosaic", "xla"))
     ep_transport: str = setting("fixed", "training-time expert transport", choices=TRANSPORTS.names)
     ep_send_capacity_factor: float = setting(
         1.25, "pooled: the sender pool = cf · T·k rows per device, one chunk of cf · T·k / (ep_waves · peers) "

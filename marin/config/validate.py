@@ -133,6 +133,9 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     if a.impl == "cudnn" and (hw.platform != "gpu" or m.compute_dtype != "bfloat16"):
         problems.append(("attention.impl", "cudnn needs hardware.platform=gpu and model.compute_dtype=bfloat16 "
                          f"(got {hw.platform}, {m.compute_dtype}); use auto, blockwise or reference"))
+    if m.grouped_matmul == "mosaic" and (hw.platform != "gpu" or m.compute_dtype != "bfloat16"):
+        problems.append(("model.grouped_matmul", "mosaic needs hardware.platform=gpu and model.compute_dtype=bfloat16 "
+                         f"(got {hw.platform}, {m.compute_dtype}); use auto or xla"))
     if int(a.head_dim * a.rope_fraction) % 2:
         problems.append(("attention.rope_fraction", f"head_dim × rope_fraction must be even; got {a.head_dim} × {a.rope_fraction}"))
     if r.top_k > m.num_experts:

@@ -69,13 +69,16 @@ def replica_devices(cfg) -> int:
 def replica_config(cfg):
     """`cfg` for one replica: replica_dcn = 1 and its share of the global batch, so the
     per-device micro-batch and the gradient accumulation are the run's own. Attention that
-    would run through cuDNN on the GPU compiles as the memory-efficient blockwise kernel."""
+    would run through cuDNN on the GPU compiles as the memory-efficient blockwise kernel, and the
+    ragged paths' grouped matmuls as XLA's ragged_dot (the Mosaic GPU kernel needs a GPU)."""
     r = copy.deepcopy(cfg)
     replicas = r.hardware.mesh.replica_dcn
     r.hardware.mesh.replica_dcn = 1
     r.train.global_batch //= replicas
     if r.attention.impl in ("auto", "cudnn"):
         r.attention.impl = "blockwise"
+    if r.model.grouped_matmul in ("auto", "mosaic"):   # the Mosaic GPU kernel lowers only on a GPU
+        r.model.grouped_matmul = "xla"
     return r
 
 

@@ -36,8 +36,10 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from marin.config import derive
 from marin.config.registry import TRANSPORTS
 from marin.model import routers
+from marin.model.kernels.grouped_matmul import grouped_matmul
 
 
 class ExpertWeights(NamedTuple):
@@ -377,8 +379,9 @@ def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
     return jnp.einsum("te,etl->tl", dense_w, ye.astype(jnp.float32)).astype(x.dtype)
 
 
-def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
-    """Reference: sort by expert, grouped matmuls with `jax.lax.ragged_dot`. Dropless.
+def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights, impl: str = "xla"):
+    """Sort by expert, grouped matmuls (`kernels.grouped_matmul`: `impl` mosaic, JAX's Hopper
+    kernel, or xla, `jax.lax.ragged_dot`; `model.grouped_matmul`). Dropless.
 
     The rows move by gathers whose transposes are gathers (`take_rows`), the group sizes are the
     queues' counts: no scatter-add forward or backward. On GPU see marin/model/grouped.py."""
@@ -387,8 +390,9 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights):
     q = expert_queues(expert_idx, w.gate.shape[0])
     sorted_pos = jnp.zeros((n,), jnp.int32).at[q.order].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
     xs = take_rows(x, q.order % tokens, sorted_pos.reshape(k, tokens))            # [T·k, ℓ] by expert
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w.gate, q.counts)) * jax.lax.ragged_dot(xs, w.up, q.counts)
-    ys = jax.lax.ragged_dot(h, w.down, q.counts)
+    matmul = partial(grouped_matmul, group_sizes=q.counts, impl=impl)
+    h = jax.nn.silu(matmul(xs, w.gate)) * matmul(xs, w.up)
+    ys = matmul(h, w.down)
     y_assign = take_rows(ys, sorted_pos, q.order[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     return y.astype(x.dtype)
@@ -419,7 +423,8 @@ def pooled_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
 @transport("ragged")
 def ragged_local(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
     """Exact: grouped matmuls (`ragged_dot_dispatch`)."""
-    return ragged_dot_dispatch(x, expert_idx, weights, w), {"send": jnp.int32(0), "recv": jnp.int32(0)}
+    y = ragged_dot_dispatch(x, expert_idx, weights, w, derive.grouped_matmul_impl(cfg))
+    return y, {"send": jnp.int32(0), "recv": jnp.int32(0)}
 
 
 def local_transport(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
@@ -463,7 +468,7 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
             expert_fn = expert_fn or partial(expert_swiglu, w=w)
             y, dropped = sort_dispatch(x, expert_idx, weights, expert_fn, num_experts, tokens)
     elif m.dispatch == "ragged_dot":
-        y = ragged_dot_dispatch(x, expert_idx, weights, w)
+        y = ragged_dot_dispatch(x, expert_idx, weights, w, derive.grouped_matmul_impl(cfg))
     elif m.dispatch == "dense":
         y = dense_dispatch(x, expert_idx, weights, w)
     else:

@@ -17,7 +17,7 @@ training transport, `model.ep_transport`:
   (send, recv). Static shapes: runs on every backend.
 - `ragged` (`ragged_transport`): `jax.lax.ragged_all_to_all` sends exactly the rows each peer
   needs into one shared receive buffer of `model.ep_recv_capacity_factor` · T·k rows; the
-  receiver runs its experts with `jax.lax.ragged_dot`. No drops unless a device receives more
+  receiver runs its experts with grouped matmuls (`model.grouped_matmul`). No drops unless a device receives more
   than its buffer (then "recv" drops). XLA:CPU can lower it but not compile or run it (validation
   refuses ragged on CPU outside a planning dry run); tests on CPU run the same index arithmetic
   through `emulated_ragged_all_to_all`.
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from marin.config import derive
 from marin.config.derive import remat_mode
 from marin.config.registry import Registry
 from marin.model import routers
@@ -49,6 +50,7 @@ from marin.model.dispatch import (
     sort_dispatch,
     take_rows,
 )
+from marin.model.kernels.grouped_matmul import grouped_matmul
 from marin.model.mesh import BATCH_AXES
 
 EXPERT_AXIS = "expert"
@@ -132,23 +134,25 @@ def stand_in_grouped_matmul(x, w, group_sizes):
 
 
 RAGGED_ALL_TO_ALL = jax.lax.ragged_all_to_all   # tests on CPU swap in `emulated_ragged_all_to_all`
-GROUPED_MATMUL = jax.lax.ragged_dot             # dry_run=compile on CPU swaps in the stand-ins
+GROUPED_MATMUL = None   # None: kernels.grouped_matmul by model.grouped_matmul; dry_run=compile on CPU swaps in the stand-ins
 
 
-def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int, buffer_rows: int):
+def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int, buffer_rows: int,
+                     impl: str = "xla"):
     """Exact expert transport with `ragged_all_to_all`: (y [T, ℓ], dropped assignments []).
 
     The T·k assignments are sorted by expert (so by owning peer); one all_gather of the per
     (peer, expert) counts [n, n, E/n] tells every device every block's size, so all of them
     compute the same offsets: device s's block for peer p lands in p's buffer after the blocks of
     devices < s (cut at `buffer_rows`; what is cut is dropped and counted). The receiver sorts its
-    rows by local expert, runs the experts as `ragged_dot`s, unsorts, and a second
+    rows by local expert, runs the experts as grouped matmuls (`kernels.grouped_matmul`, `impl`:
+    model.grouped_matmul), unsorts, and a second
     ragged_all_to_all with the offsets swapped returns the rows into the sender's sorted buffer
     (rows never sent come back as zeros). Every move is a gather with a gather as transpose or a
     ragged_all_to_all (whose transpose is another): differentiable.
     """
     a2a = partial(RAGGED_ALL_TO_ALL, axis_name=EXPERT_AXIS)
-    ragged_dot = GROUPED_MATMUL
+    ragged_dot = GROUPED_MATMUL or partial(grouped_matmul, impl=impl)
     tokens, k = expert_idx.shape
     n, local = tokens * k, w.gate.shape[0]
     peers = num_experts // local
@@ -212,7 +216,8 @@ def _pooled(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: i
 def _ragged(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
     m = cfg.model
     rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor)
-    return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows)
+    return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows,
+                   impl=derive.grouped_matmul_impl(cfg))
 
 
 def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):

@@ -1,16 +1,20 @@
-"""Grouped matmuls (`jax.lax.ragged_dot`) for the ragged paths, and the guard against their dense rewrite.
+"""Grouped matmuls for the ragged paths, and the guard against their dense rewrite.
 
 The ragged paths (`model.dispatch=ragged_dot`, `model.ep_transport=ragged`) run each expert on
-its own rows with `ragged_dot`. Unless the backend has a grouped kernel, XLA rewrites it into a
-dense dot over every expert: E× the useful FLOPs (benchmarks/moe_layer.py on an H200 with cuDNN
-9.19: 51.8× a dense MLP of equal FLOPs at E64; XLA keeps the grouped form only with cuDNN
-≥ 9.22). On GPU the ragged paths therefore
-- use JAX's Pallas-Triton lowering of ragged_dot where the installed jax has it
-  (`use_grouped_kernel`; the flag is read when a program is lowered, so it is set for the
-  process, as the compilation cache is), and
-- are refused before training when XLA's compiled FLOPs of the layer's three grouped matmuls,
-  forward and backward (`ragged_probe`), exceed RAGGED_FLOPS_LIMIT × the useful FLOPs
-  (`ragged_refusal`: one line naming the cuDNN version and the way out).
+its own rows with `kernels.grouped_matmul`, by `model.grouped_matmul`:
+- `mosaic` (auto on gpu in bf16): JAX's Hopper Pallas Mosaic-GPU grouped GEMM, forward and both
+  gradients (`marin/model/kernels/grouped_matmul.py`);
+- `xla`: `jax.lax.ragged_dot`. Unless the backend has a grouped kernel, XLA rewrites it into a
+  dense dot over every expert: E× the useful FLOPs (benchmarks/moe_layer.py on an H200 with cuDNN
+  9.19: 51.8× a dense MLP of equal FLOPs at E64; XLA keeps the grouped form only with cuDNN
+  ≥ 9.22). There it uses JAX's Pallas-Triton lowering of ragged_dot where the installed jax has
+  it (`use_grouped_kernel`; the flag is read when a program is lowered, so it is set for the
+  process, as the compilation cache is).
+On GPU a ragged path is refused before training (`check_ragged`) when `mosaic` cannot run on this
+machine (not Hopper, or the kernels missing from this jax, or they fail to compile at the run's
+shapes), or when XLA's compiled FLOPs of the layer's three grouped matmuls, forward and backward
+(`ragged_probe`), exceed RAGGED_FLOPS_LIMIT × the useful FLOPs (`ragged_refusal`: one line naming
+the cuDNN version and the ways out).
 On CPU ragged_dot is a dropless reference for tests (≈ E× the useful FLOPs as well): not guarded.
 
 A Pallas or cuDNN kernel is a custom call, which XLA's cost analysis counts as no FLOPs: with
@@ -84,7 +88,8 @@ def ragged_refusal(compiled_flops: float, useful_flops: float, platform: str, cu
     return (f"{field}: {setting} compiles its grouped matmuls to {compiled_flops / useful_flops:.1f}× their useful "
             f"FLOPs (XLA rewrote ragged_dot into a dense dot over every expert; {_cudnn_text(cudnn)}, "
             f"Pallas-Triton lowering {'on' if pallas else 'not in this jax'}); allowed ≤ {limit}×: "
-            f"use model.ep_transport=fixed or pooled (model.dispatch=sort), or cuDNN ≥ 9.22 or a jax with "
+            f"use model.grouped_matmul=mosaic (JAX's Mosaic GPU grouped GEMM; Hopper, bf16), "
+            f"model.ep_transport=fixed or pooled (model.dispatch=sort), or cuDNN ≥ 9.22 or a jax with "
             f"the Pallas ragged_dot lowering")
 
 
@@ -146,30 +151,60 @@ def ragged_probe(rows: int, groups: int, latent: int, width: int, dtype="bfloat1
 
 
 def use_grouped_kernel(cfg, peers: int = 1) -> bool:
-    """Before the step is lowered: on GPU, with a ragged path configured, lower ragged_dot
-    through Pallas-Triton where this jax can (a process-wide JAX flag, read at lowering time).
-    Returns whether it is on."""
+    """Before the step is lowered: on GPU, with a ragged path running XLA's ragged_dot
+    (`model.grouped_matmul=xla`), lower ragged_dot through Pallas-Triton where this jax can (a
+    process-wide JAX flag, read at lowering time). Returns whether it is on."""
     import jax
 
-    if ragged_setting(cfg, peers) is None or jax.default_backend() != "gpu" or not pallas_lowering_available():
+    from marin.config import derive
+
+    if (ragged_setting(cfg, peers) is None or derive.grouped_matmul_impl(cfg) != "xla"
+            or jax.default_backend() != "gpu" or not pallas_lowering_available()):
         return False
     jax.config.update(PALLAS_FLAG, True)
     return True
 
 
+def mosaic_refusal(reason: str, setting: str = "model.ep_transport=ragged") -> str:
+    """The one line that refuses `model.grouped_matmul=mosaic` where its kernel cannot run."""
+    return (f"model.grouped_matmul: mosaic (for {setting}) cannot run here: {reason}; use "
+            f"model.grouped_matmul=xla (allowed on GPU only where XLA keeps ragged_dot grouped: cuDNN ≥ 9.22), "
+            f"or model.ep_transport=fixed or pooled (model.dispatch=sort)")
+
+
 def check_ragged(cfg, peers: int = 1) -> dict | None:
-    """On GPU with a ragged path: the probe at this run's shapes; raises ValueError (the one line
-    of `ragged_refusal`) when XLA would compute more than RAGGED_FLOPS_LIMIT × the useful FLOPs.
-    None where there is nothing to check (no ragged path, or not a GPU)."""
+    """On GPU with a ragged path: the probe at this run's shapes, through the configured
+    `model.grouped_matmul`; raises ValueError (one line) when the Mosaic kernel cannot run here
+    (`mosaic_refusal`) or XLA would compute more than RAGGED_FLOPS_LIMIT × the useful FLOPs
+    (`ragged_refusal`). None where there is nothing to check (no ragged path, or not a GPU)."""
+    from functools import partial
+
     import jax
+
+    from marin.config import derive
+    from marin.model.kernels import grouped_matmul as kernel
 
     setting = ragged_setting(cfg, peers)
     if setting is None or jax.default_backend() != "gpu":
         return None
-    pallas = use_grouped_kernel(cfg, peers)
-    probe = ragged_probe(*ragged_shapes(cfg, peers), dtype=cfg.model.compute_dtype)
+    impl = derive.grouped_matmul_impl(cfg)
+    shapes = ragged_shapes(cfg, peers)
+    if impl == "mosaic":
+        reason = kernel.mosaic_unavailable()
+        if reason is None:
+            try:   # compiles the three kernels at the run's shapes: a failure here, not in the step
+                probe = ragged_probe(*shapes, dtype=cfg.model.compute_dtype,
+                                     grouped_matmul=partial(kernel.grouped_matmul, impl="mosaic"))
+            except Exception as e:  # noqa: BLE001 - any lowering or compile error refuses, in one line
+                reason = f"the kernel failed to compile at {shapes}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if reason is not None:
+            raise ValueError(mosaic_refusal(reason, setting))
+        pallas = False
+    else:
+        pallas = use_grouped_kernel(cfg, peers)
+        probe = ragged_probe(*shapes, dtype=cfg.model.compute_dtype)
     line = ragged_refusal(probe["compiled_flops"], probe["useful_flops"], probe["platform"], cudnn_version(),
                           setting, pallas)
     if line:
         raise ValueError(line)
-    return probe | {"pallas": pallas}
+    return probe | {"pallas": pallas, "impl": impl}

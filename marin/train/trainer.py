@@ -218,12 +218,13 @@ class Trainer:
         self.announced = preempt.announce(rec.run_dir, process)  # marin.ctl finds this process here
         self.watchdog = Watchdog.from_config(cfg, process, jax.process_count(), rec.run_dir)  # restore, compile: slow allowance
         mesh = make_mesh(cfg)
-        # GPU, ragged path: the grouped kernel on where jax has one; refused (one line) before the
-        # step compiles if XLA would still run it dense over every expert.
+        # GPU, ragged path: the grouped kernel (model.grouped_matmul); refused (one line) before the
+        # step compiles if it cannot run here or XLA would still run it dense over every expert.
         grouped_matmuls = check_ragged(cfg, expert_parallel_size(mesh))
         if grouped_matmuls:
-            log.info("ragged grouped matmuls: %.2f× the useful FLOPs (Pallas lowering %s)",
-                     grouped_matmuls["ratio"], "on" if grouped_matmuls["pallas"] else "off")
+            log.info("ragged grouped matmuls (%s): %.2f× the useful FLOPs, %d custom calls (Pallas lowering %s)",
+                     grouped_matmuls["impl"], grouped_matmuls["ratio"], grouped_matmuls["custom_calls"],
+                     "on" if grouped_matmuls["pallas"] else "off")
         self.loader = self.loader or Loader(cfg, process_index=process, process_count=jax.process_count())
         tx = build_optimizer(cfg)
         state, shardings = init_sharded(cfg, tx, mesh, cfg.train.seed)

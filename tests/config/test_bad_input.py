@@ -46,6 +46,8 @@ ONE_LINE = [
     (["attention.impl=flash"], "attention.impl"),
     (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
     (["attention.cudnn_max_documents=0"], "attention.cudnn_max_documents"),
+    (["model.grouped_matmul=triton"], "model.grouped_matmul"),
+    (["model.grouped_matmul=mosaic"], "model.grouped_matmul: mosaic needs hardware.platform=gpu"),
     (["router.top_k=9"], "router.top_k"),
     (["model.num_experts=0"], "model.num_experts"),
     (["optim.lr=-0.1"], "optim.lr"),
