@@ -186,6 +186,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=470.0, help="the whole check's time (default: under 8 minutes)")
     p.add_argument("--parts", default="env,ceilings,steps,profile,attention,grouped")
     p.add_argument("--preset", action="append", help="preset(s) to measure (default: all of the mode's)")
+    p.add_argument("--only", help="comma-separated variant names to measure (default: every variant)")
     p.add_argument("--variant", action="append", default=[],
                    help="'NAME: k=v k=v', an extra variant of every chosen preset (Hydra overrides)")
     p.add_argument("--docs", choices=("packed", "single"), default="packed",
@@ -218,6 +219,9 @@ def main() -> None:
             p.error(f"--variant {item!r}: expected 'NAME: key=value ...'")
         for preset in presets:
             variants[preset][name.strip()] = overrides.split()
+    if args.only:
+        keep = set(args.only.split(","))
+        variants = {k: {n: o for n, o in v.items() if n in keep} for k, v in variants.items()}
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - {"env", "ceilings", "steps", "profile", "attention", "grouped"})
     if unknown:

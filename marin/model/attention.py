@@ -185,9 +185,18 @@ def _log_fallback(documents, max_documents: int) -> None:
                     "batches run the blockwise kernel instead of cuDNN (logged once)", int(documents), max_documents)
 
 
-def _report_fallback(documents: jax.Array, max_documents: int) -> None:
-    """Traced in the fallback branch only: a host callback, so it runs when that branch does."""
-    jax.debug.callback(_log_fallback, documents, max_documents)
+def report_fallback(segment_ids: jax.Array, cfg: Config) -> None:
+    """One log line (per process) when the batch has a row of more documents than the cudnn kernel
+    takes, so its layers run blockwise. Called once per forward, outside the layer scan: a host
+    callback is an effect, and an effect in a scanned body makes Flax (≥ 0.12.10) refuse the scan
+    ("broadcasted variable has a data dependency on the scan body"). The callback is traced in the
+    fallback branch only, so it runs when that branch does."""
+    if attention_impl(cfg) != "cudnn":
+        return
+    max_documents = cfg.attention.cudnn_max_documents
+    documents = jnp.max(packed.segment_layout(segment_ids, max_documents).documents)
+    jax.lax.cond(documents > max_documents,
+                 lambda: jax.debug.callback(_log_fallback, documents, max_documents), lambda: None)
 
 
 @kernel("cudnn")
@@ -197,14 +206,13 @@ def cudnn_attention(q, k, v, segment_ids, is_global, window, kv_global=None,
     `max_documents` documents as segment offsets and lengths (`packed_attention.segment_layout`),
     causal, the sliding window on local layers, the stored KV heads read by grouped query heads
     inside the kernel (global layers: the first kv_global). A batch holding a row of more documents
-    runs `blockwise_attention` instead (chosen at run time: all branches are compiled) and says so
-    once. `implementation="xla"` runs the same layout in plain JAX on any backend (tests)."""
+    runs `blockwise_attention` instead (chosen at run time: all branches are compiled); the model
+    says so once (`report_fallback`). `implementation="xla"` runs the same layout in plain JAX on any backend (tests)."""
     layout = packed.segment_layout(segment_ids, max_documents)
     fused = {"cudnn": packed.cudnn_packed_attention, "xla": packed.xla_packed_attention}[implementation]
     kv_global = k.shape[2] if kv_global is None else kv_global
 
-    def too_many_documents():
-        _report_fallback(jnp.max(layout.documents), max_documents)
+    def too_many_documents():   # said once per forward by `report_fallback`, outside the layer scan
         return blockwise_kernel(q, k, v, segment_ids, is_global, window, kv_global)
 
     def local():

@@ -28,7 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 from marin.config.counts import layer_is_global
 from marin.config.derive import batch_shards, remat_mode
 from marin.config.schema import Config
-from marin.model.attention import Attention
+from marin.model.attention import Attention, report_fallback
 from marin.model.conv import CausalConv
 from marin.model.loss import linear_cross_entropy
 from marin.model.memory import fetch
@@ -186,6 +186,7 @@ class Transformer(nn.Module):
             block = nn.remat(block, prevent_cse=False, policy=remat_policy(self.cfg))
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast), length=m.num_layers)
+        report_fallback(segment_ids, self.cfg)   # cudnn on a row of too many documents: one log line
         is_global = jnp.array(layer_is_global(m.num_layers, a.global_every, a.last_layer_global))
         x, stats = layers(self.cfg, self.train, self.mesh, name="layers")(
             x, (is_global, router_bias), segment_ids)

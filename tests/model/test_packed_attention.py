@@ -122,7 +122,14 @@ def test_more_documents_than_the_maximum_run_blockwise_and_say_so_once(monkeypat
     monkeypatch.setattr(packed, "xla_packed_attention", lambda q, k, v, layout, window: jnp.full(q.shape, fused_marker))
     monkeypatch.setattr(attention, "_fallback_logged", False)
     q, k, v, _ = _qkv(2)
-    run = jax.jit(lambda seg: cudnn_attention(q, k, v, seg, jnp.array(False), WINDOW, 1, MAX_DOCS, "xla"))
+    cfg = make_config("model=tiny")
+    cfg.attention.impl, cfg.attention.cudnn_max_documents = "cudnn", MAX_DOCS
+
+    def kernel_and_report(seg):   # the model reports once per forward, outside its layer scan
+        attention.report_fallback(seg, cfg)
+        return cudnn_attention(q, k, v, seg, jnp.array(False), WINDOW, 1, MAX_DOCS, "xla")
+
+    run = jax.jit(kernel_and_report)
     with caplog.at_level(logging.WARNING, logger=attention.__name__):
         fitting = run(jnp.asarray(SEGMENTS[1:3]))
         jax.effects_barrier()
@@ -143,14 +150,12 @@ def test_cudnn_kernel_lowers_for_cuda_to_the_packed_fused_call(monkeypatch):
     """Lowered for CUDA here (no GPU): forward and backward are cuDNN's fused attention, fed the
     stored KV heads (local: all 2; global: the first 1), M segments a row, the window on local
     layers only. JAX's cuDNN module asks the GPU driver for versions while tracing, so those
-    questions are answered here as a Hopper with cuDNN 9.10 would; the fallback's host callback
-    cannot be lowered for a platform this process lacks, so it is left out."""
+    questions are answered here as a Hopper with cuDNN 9.10 would."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_module
     from jax._src.interpreters import mlir
     monkeypatch.setattr(cudnn_module, "check_cudnn_version", lambda: 91000)
     monkeypatch.setattr(cudnn_module, "check_compute_capability", lambda capability: True)
     monkeypatch.setattr(cudnn_module, "is_cuda_compute_capability_equal", lambda capability: False)
-    monkeypatch.setattr(attention, "_report_fallback", lambda documents, max_documents: None)
     batch, seq, heads, kv, h, window, max_docs = 2, 256, 4, 2, 64, 128, 8
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
     loss = lambda q, k, v, seg, flag: jnp.sum(cudnn_attention(q, k, v, seg, flag, window, 1, max_docs))  # noqa: E731
@@ -194,3 +199,32 @@ def test_tiny_model_with_the_cudnn_kernel_matches_reference(monkeypatch, max_doc
     np.testing.assert_allclose(loss, want_loss, **TOL)
     for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(want_grads), jax.tree_util.tree_leaves(grads)):
         np.testing.assert_allclose(got, want, **TOL, err_msg=jax.tree_util.keystr(path))
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs inside it."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in (value if isinstance(value, (list, tuple)) else [value]):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def test_the_layer_scan_body_has_no_effect(monkeypatch):
+    """The fallback's log line is a host callback, an effect; in the layer scan's body it made Flax
+    0.12.10 (the H200 image's) refuse the model at init: "broadcasted variable has a data
+    dependency on the scan body". It is traced once per forward, outside the scan."""
+    monkeypatch.setattr(packed, "cudnn_packed_attention", packed.xla_packed_attention)
+    cfg = make_config("model=tiny", "model.remat=full")
+    cfg.attention.impl = "cudnn"
+    params = transformer.init_params(cfg, jax.random.key(0))
+    seg = jnp.asarray(_rows([[5, 6, 3], [16]], 16))
+    batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.zeros((2, 16), jnp.int32),
+             "segment_ids": seg, "loss_mask": (seg > 0).astype(jnp.float32)}
+    bias = jnp.zeros((cfg.model.num_layers, cfg.model.num_experts))
+    jaxpr = jax.make_jaxpr(lambda p: transformer.loss_fn(p, batch, bias, cfg, train=True)[0])(params).jaxpr
+    scans = [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name == "scan" and eqn.params["length"] == cfg.model.num_layers]
+    assert scans and not any(eqn.params["jaxpr"].effects for eqn in scans)
+    assert any(eqn.primitive.name == "debug_callback" for eqn in _eqns(jaxpr))   # the report, outside the scan
