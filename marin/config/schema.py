@@ -104,8 +104,10 @@ class AttentionConfig:
     conv_k: bool = setting(True, "causal conv after the K projection (model.conv_kernel taps)")
     impl: str = setting("auto", "the kernel; auto = cudnn on gpu in bf16, blockwise elsewhere",
                         choices=lambda: ("auto", *ATTENTION.names()))
-    cudnn_max_documents: int = setting(64, "cudnn: documents per row its segment offsets hold; a batch with a "
-                                       "row of more runs blockwise instead", range=count(1))
+    cudnn_max_documents: int = setting(16, "cudnn: documents per row its segment offsets hold; a batch with a "
+                                       "row of more runs blockwise instead. cuDNN's backward workspace grows with "
+                                       "it (the plan's estimate counts it: 0.7 GiB a slot on ladder_d768)",
+                                       range=count(1))
 
 
 @dataclass

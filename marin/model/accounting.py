@@ -199,6 +199,10 @@ NS_COPIES = 6.0               # Newton–Schulz temporaries of one layer's slice
 EVAL = {"D": 3.0, "X": 4.0, "LC": 1.0, "HV": 1.0}
 ATTN_SCORE_COPIES = 2.4       # reference attention: [B, H, T, T] fp32 arrays in one layer
 ATTN_SAVED_COPIES = 4.2       # the same arrays each layer keeps without remat
+# cuDNN 9.19's packed-row backward, bytes per (row, position, head, head dim) and document slot: one
+# H200 (ladder_d768, B 32 × 4,096, 6 heads × 128) compiled the train step to 63.2 GiB of temporaries
+# with 64 slots and 23.8 GiB with 8 (benchmarks/gpu.py, 2026-12-04, jax 0.11.2): 39.4 GiB / 56 slots.
+CUDNN_SLOT_BYTES = 7.5
 
 
 def optimizer_moments(leaf: Leaf, optimizer: str) -> int:
@@ -300,6 +304,16 @@ def attention_bytes(cfg: Config, batch: int, copies: float = ATTN_SCORE_COPIES) 
     if cfg.attention.impl == "reference":
         return batch * (copies * s.H * T * T * FP32 + T * T)
     return 0.0
+
+
+def cudnn_packed_bytes(cfg: Config, batch: int) -> float:
+    """The backward workspace of cuDNN's packed-row attention (`attention.impl=cudnn`, a GPU's run):
+    it grows with the document slots of the segment offsets (`attention.cudnn_max_documents`),
+    CUDNN_SLOT_BYTES per (row, position, head, head dim) per slot."""
+    if cfg.attention.impl != "cudnn":
+        return 0.0
+    s = Shapes.of(cfg)
+    return CUDNN_SLOT_BYTES * cfg.attention.cudnn_max_documents * batch * cfg.train.seq_len * s.H * s.h
 
 
 def offloaded_masters(cfg: Config) -> bool:
@@ -441,6 +455,9 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None, backend: str
         "update": (0.0, grads, UPDATE_LEAF * state["muon_leaf"] + NS_COPIES * state["muon_slice"]),
     }
     phases = {name: (saved_, grads_, ARENA * work) for name, (saved_, grads_, work) in phases.items()}
+    if backend == "gpu":   # one workspace of cuDNN's backward (the CPU compile runs blockwise): no arena
+        saved_, grads_, work = phases["backward"]
+        phases["backward"] = (saved_, grads_, work + cudnn_packed_bytes(cfg, micro))
     peak = max(phases, key=lambda name: sum(phases[name]))
     parts = {"params": params, "optimizer": optimizer, "batch": batch,
              **dict(zip(("activations", "gradients", "working"), phases[peak]))}
