@@ -34,10 +34,7 @@ def attention_impl(cfg: Config) -> str:
     """`attention.impl`; ``auto`` = cuDNN's fused kernel on GPUs when the compute dtype is 16-bit
     (cuDNN has no float32 flash attention), else the blockwise kernel (any backend)."""
     impl = cfg.attention.impl
-    if not is_auto(impl):
-        return impl
-    gpu_kernel = cfg.hardware.platform == "gpu" and cfg.model.compute_dtype == "bfloat16"
-    return "cudnn" if gpu_kernel else "blockwise"
+    return ("cudnn" if gpu_16_bit(cfg) else "blockwise") if is_auto(impl) else impl
 
 
 def grouped_matmul_impl(cfg: Config) -> str:
@@ -46,10 +43,12 @@ def grouped_matmul_impl(cfg: Config) -> str:
     the kernel really runs on this GPU is decided at run time (marin/model/grouped.py refuses a
     ragged path it cannot run, before training)."""
     impl = cfg.model.grouped_matmul
-    if not is_auto(impl):
-        return impl
-    gpu_kernel = cfg.hardware.platform == "gpu" and cfg.model.compute_dtype == "bfloat16"
-    return "mosaic" if gpu_kernel else "xla"
+    return ("mosaic" if gpu_16_bit(cfg) else "xla") if is_auto(impl) else impl
+
+
+def gpu_16_bit(cfg: Config) -> bool:
+    """A GPU run in bfloat16: what the GPU kernels (cuDNN's attention, the Mosaic GEMM) take."""
+    return cfg.hardware.platform == "gpu" and cfg.model.compute_dtype == "bfloat16"
 
 
 def attention_kernel(cfg: Config) -> str:
