@@ -139,3 +139,23 @@ def test_a_context_extension_stage_needs_its_starting_checkpoint():
     with pytest.raises(ConfigError, match="train.init_from"):
         load(compose_dict("train.init_seq_len=64", "train.seq_len=256"))
     load(compose_dict("train.init_seq_len=64", "train.seq_len=256", "dry_run=true"))  # a plan needs none
+
+
+# Read before Hydra composes (marin/launch/command_line.py): a habit Hydra would answer with a
+# folder made or several lines of advice. (overrides, the exact line)
+BEFORE_HYDRA = [
+    (["hydra.run.dir=/tmp/x", "dry_run=true"],
+     "error: hydra.run.dir: marin writes nothing there; use run.out_dir=<folder> "
+     "(a run's directory is <run.out_dir>/<run.name>)"),
+    (["+hydra.sweep.dir=/tmp/x", "dry_run=true"],
+     "error: hydra.sweep.dir: marin writes nothing there; use run.out_dir=<folder> "
+     "(a run's directory is <run.out_dir>/<run.name>)"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", BEFORE_HYDRA, ids=[" ".join(c[0]) for c in BEFORE_HYDRA])
+def test_hydra_habit_is_one_exact_line(tmp_path, overrides, line):
+    overrides = [o.replace("/tmp/x", str(tmp_path / "x")) for o in overrides]
+    proc = _launch(tmp_path, "model=tiny", "train.steps=1", *overrides, f"run.out_dir={tmp_path / 'out'}")
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
+    assert list(tmp_path.iterdir()) == [], "something was written"
