@@ -31,6 +31,7 @@ def main(cfg: DictConfig) -> None:
     if _show is not None:
         show(cfg, _show.resolve, _show.package)
         return
+    command_line.refuse_sweep_without_multirun()
     try:
         dispatch(cfg)
     except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)

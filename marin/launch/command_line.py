@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser  # Hydra's own parser: the argv forms it accepts
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
 
 from marin.cli import fail
 from marin.config.store import override_key
@@ -36,6 +41,8 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
         if override_key(override) in HYDRA_OUTPUT_DIRS:
             fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
                  "(a run's directory is <run.out_dir>/<run.name>)")
+    if not args.multirun and args.cfg is None:
+        _refuse_sweeps(args.overrides)
     if args.cfg != "job" or _other_command(args):
         return argv, None  # Hydra's own --cfg hydra|all, and its refusal of two commands at once
     # The same command line without --cfg: Hydra composes it as for a run and calls the task.
@@ -45,6 +52,37 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
         if value is not None:
             kept += [flag, value]
     return kept + args.overrides, Show(resolve=args.resolve, package=args.package)
+
+
+def _refuse_sweeps(overrides: list[str]) -> None:
+    """A comma list (`optim.lr=1e-3,3e-3`, `sweep=a,b`), range() or choice() runs only with -m;
+    Hydra's answer without it is five lines of options."""
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except HydraException:
+            continue  # not well formed: Hydra says why
+        if override.is_sweep_override():
+            try:
+                values = f" of {len(list(override.sweep_string_iterator()))} values"
+            except HydraException:  # glob() and interval(): counted only by a sweeper
+                values = ""
+            fail(f"{text} is a sweep{values}: add -m")
+
+
+def refuse_sweep_without_multirun() -> None:
+    """`sweep=<name>` without -m: Hydra composes the sweep's file and ignores its
+    hydra.sweeper.params, so one job of defaults would run as if it were the sweep. Called in
+    the task function, before anything is written; the jobs counted as Hydra's sweeper would."""
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.RUN or not hydra.sweeper.get("params"):
+        return
+    params = [f"{key}={value}" for key, value in hydra.sweeper.params.items()]
+    parsed = OverridesParser.create().parse_overrides(params + list(hydra.overrides.task))
+    jobs = sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    name = hydra.runtime.choices.get("sweep")
+    fail(f"{f'sweep={name}' if name else 'hydra.sweeper.params'} has {jobs} job{'s' * (jobs != 1)}: add -m")
 
 
 def _other_command(args) -> bool:

@@ -150,6 +150,12 @@ BEFORE_HYDRA = [
     (["+hydra.sweep.dir=/tmp/x", "dry_run=true"],
      "error: hydra.sweep.dir: marin writes nothing there; use run.out_dir=<folder> "
      "(a run's directory is <run.out_dir>/<run.name>)"),
+    # without -m Hydra composed a named sweep's file and ran one job of defaults as if it were the sweep
+    (["sweep=lr_grid"], "error: sweep=lr_grid has 4 jobs: add -m"),
+    (["sweep=lr_grid", "optim.lr=1e-3"], "error: sweep=lr_grid has 1 job: add -m"),
+    (["sweep=lr_grid,router_ablation"], "error: sweep=lr_grid,router_ablation is a sweep of 2 values: add -m"),
+    (["optim.lr=1e-3,3e-3"], "error: optim.lr=1e-3,3e-3 is a sweep of 2 values: add -m"),
+    (["train.steps=range(1,4)", "dry_run=true"], "error: train.steps=range(1,4) is a sweep of 3 values: add -m"),
 ]
 
 
