@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 
 from marin.cli import fail
+from marin.config.keys import unknown_at, unknown_key_message
 from marin.config.store import override_key
 
 # Hydra would make these folders, but marin writes nothing there: a run's directory is
@@ -37,6 +38,8 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
     """The argv to give Hydra, and what to show instead of running (None: run). Refuses, in one
     line with exit status 2, what Hydra would answer badly."""
     args = get_args_parser().parse_args(argv[1:])
+    if not (args.help or args.hydra_help or args.shell_completion or args.info):
+        _refuse_unknown_keys(args.overrides)
     for override in args.overrides:
         if override_key(override) in HYDRA_OUTPUT_DIRS:
             fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
@@ -52,6 +55,18 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
         if value is not None:
             kept += [flag, value]
     return kept + args.overrides, Show(resolve=args.resolve, package=args.package)
+
+
+def _refuse_unknown_keys(overrides: list[str]) -> None:
+    """`modle=tiny`, `train.step=50`: Hydra's answer is to add the key with `+`, which validation
+    refuses next. A `+key` is left to validation (a group of one's own may add keys at the root:
+    marin.config.validate.unknown_keys answers the same way), `hydra.*` and group paths to Hydra."""
+    for text in overrides:
+        key = override_key(text)
+        if text.startswith("+") or key.startswith("hydra") or "/" in key or "@" in key:
+            continue
+        if (at := unknown_at(key)) is not None:
+            fail(f"{key}: no such key{' or group' if at == 0 else ''}; {unknown_key_message(key)}")
 
 
 def _refuse_sweeps(overrides: list[str]) -> None:
