@@ -1,10 +1,12 @@
 """launch.py's command line, read before Hydra sees it.
 
-Hydra answers some habits badly: an override it does not know ends in several lines of advice
-(`+key`) that fail again, and `--cfg job` prints the composed config before marin fills each
-group's `name`, so every name shows `???`. `read` refuses the first kind in one line (exit 2,
-nothing written) and turns `--cfg job` into a normal run that `show` answers, so the config
-shown is the one a run gets. No JAX.
+Hydra answers some habits badly: an unknown key gets several lines of advice (`+key`) that
+fail again, a comma list without -m five lines, `hydra.run.dir` a folder marin never writes to,
+and `--cfg job` prints the composed config before marin fills each group's `name` (`???`). `read`
+refuses the first three in one line (exit 2, nothing written) and turns `--cfg job` into a
+normal run that marin.launch.entry.show answers, so the config shown is the one a run gets;
+`refuse_sweep_without_multirun` answers a named sweep without -m once Hydra has composed it.
+No JAX.
 """
 from __future__ import annotations
 
@@ -38,14 +40,14 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
     """The argv to give Hydra, and what to show instead of running (None: run). Refuses, in one
     line with exit status 2, what Hydra would answer badly."""
     args = get_args_parser().parse_args(argv[1:])
-    if not (args.help or args.hydra_help or args.shell_completion or args.info):
+    if not (args.help or args.hydra_help or args.shell_completion or args.info):  # nothing composed
         _refuse_unknown_keys(args.overrides)
-    for override in args.overrides:
-        if override_key(override) in HYDRA_OUTPUT_DIRS:
-            fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
-                 "(a run's directory is <run.out_dir>/<run.name>)")
-    if not args.multirun and args.cfg is None:
-        _refuse_sweeps(args.overrides)
+        for override in args.overrides:
+            if override_key(override) in HYDRA_OUTPUT_DIRS:
+                fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
+                     "(a run's directory is <run.out_dir>/<run.name>)")
+        if not args.multirun:
+            _refuse_sweeps(args.overrides)
     if args.cfg != "job" or _other_command(args):
         return argv, None  # Hydra's own --cfg hydra|all, and its refusal of two commands at once
     # The same command line without --cfg: Hydra composes it as for a run and calls the task.
@@ -63,7 +65,7 @@ def _refuse_unknown_keys(overrides: list[str]) -> None:
     marin.config.validate.unknown_keys answers the same way), `hydra.*` and group paths to Hydra."""
     for text in overrides:
         key = override_key(text)
-        if text.startswith("+") or key.startswith("hydra") or "/" in key or "@" in key:
+        if text.startswith("+") or key == "hydra" or key.startswith("hydra.") or "/" in key or "@" in key:
             continue
         if (at := unknown_at(key)) is not None:
             fail(f"{key}: no such key{' or group' if at == 0 else ''}; {unknown_key_message(key)}")
