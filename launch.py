@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from marin.cli import exit_now
 from marin.config.store import register
-from marin.launch.entry import dispatch
+from marin.launch import command_line
+from marin.launch.entry import dispatch, show
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
@@ -20,12 +21,17 @@ register()
 
 
 _composed = False  # whether Hydra got as far as calling main
+_show = None  # `--cfg job`: what to print instead of running (marin.launch.command_line.Show)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
+    if _show is not None:
+        show(cfg, _show.resolve, _show.package)
+        return
+    command_line.refuse_sweep_without_multirun()
     try:
         dispatch(cfg)
     except KeyboardInterrupt:  # Ctrl-C before training started (training handles its own)
@@ -34,6 +40,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv, _show = command_line.read(sys.argv)  # refuses (one line, exit 2) what Hydra answers badly
     try:
         main()
     except SystemExit as done:

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from marin.config import derive, fields
+from marin.config.keys import unknown_key_message
 from marin.config.schema import GROUPS, Config
 
 Check = Callable[[Config], "list[tuple[str, str]]"]
@@ -45,7 +46,7 @@ def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str]]:
     for key in cfg.keys():
         name = f"{prefix}{key}"
         if fields is not None and key not in fields and not (key == "hydra" and not prefix):
-            problems.append((name, f"not a field of the schema ({kind.__name__}); check the spelling"))
+            problems.append((name, f"not a field of the schema ({kind.__name__}); {unknown_key_message(name)}"))
             continue
         node = cfg._get_node(key)  # noqa: SLF001 (no public accessor that keeps the node's type)
         if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():  # noqa: SLF001

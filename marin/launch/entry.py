@@ -12,7 +12,7 @@ import os
 import sys
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from marin.cli import config_errors, fail, setup_logging
 from marin.config import derive
@@ -103,7 +103,7 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         compile_run(resolved, as_json=resolved.dry_run == "compile_json")
         return
     if resolved.dry_run == "config":  # the resolved config as YAML: every auto replaced by its value
-        print(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(resolved)))), end="")
+        print(_resolved_yaml(resolved), end="")
         print("# derived from the fields above (marin.config.derive), held by no field:\n"
               f"#   warmup steps: {derive.warmup_steps(resolved)}  (schedule.warmup_frac × train.steps)\n"
               f"#   data phase boundaries: {derive.phase_boundary_steps(resolved)}  (data.phase_boundaries × steps, "
@@ -126,3 +126,32 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     apply_environment(resolved.hardware)  # XLA_FLAGS etc. before JAX starts (local_cpu8's 8 devices)
     run_local(composed, resolved, job_overrides)
+
+
+def _resolved_yaml(resolved, package: str | None = None) -> str:
+    return secrets.mask(_yaml(OmegaConf.create(secrets.redact(record.config_dict(resolved))), package))
+
+
+def _yaml(tree: DictConfig, package: str | None) -> str:
+    """`tree`, or its node at the dotted `package`, as YAML (a leaf: its value)."""
+    node = OmegaConf.select(tree, package) if package else tree
+    if node is None:
+        fail(f"--package {package}: not in the config")
+    return OmegaConf.to_yaml(node) if isinstance(node, (DictConfig, ListConfig)) else f"{node}\n"
+
+
+def show(cfg: DictConfig, resolve: bool, package: str | None = None) -> None:
+    """`launch.py --cfg job [--resolve] [--package P]`: the composed config with each group's
+    `name` filled in as a run gets it (Hydra's own --cfg prints them `???`), or, resolved, every
+    `auto` filled in as `dry_run=config` prints it (Hydra's --resolve fills interpolations only)."""
+    setup_logging()
+    if HydraConfig.initialized():
+        name_options(cfg, HydraConfig.get().runtime.choices)
+    if not resolve:
+        print(_yaml(cfg, package), end="")
+        return
+    try:
+        _, resolved = load(cfg)
+    except ConfigError as err:
+        fail(config_errors(err))
+    print(_resolved_yaml(resolved, package), end="")

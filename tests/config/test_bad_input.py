@@ -9,10 +9,12 @@ composition and dispatch, without a new interpreter for each).
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from marin.config.schema import ModelConfig
 from tests.helpers import launch_here
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +33,7 @@ HYDRA = [  # refused while Hydra composes: launch.py turns Hydra's exit 1 into b
 ONE_LINE = [
     (["model.capacity_factor=nan"], "model.capacity_factor"),
     (["model.num_experts=1000000000", "router=softmax_aux", "dry_run=true"], "model.num_experts"),
-    (["+train.stepz=5"], "train.stepz"),
+    (["+train.stepz=5"], "train.stepz: not a field of the schema (TrainConfig); did you mean train.steps?"),
     (["resume="], "resume"),
     (["train.init_from=/nonexistent/run"], "train.init_from"),
     # a dry run checks the data as a launch does (the files when data.root is here; the tokenizer)
@@ -139,3 +141,40 @@ def test_a_context_extension_stage_needs_its_starting_checkpoint():
     with pytest.raises(ConfigError, match="train.init_from"):
         load(compose_dict("train.init_seq_len=64", "train.seq_len=256"))
     load(compose_dict("train.init_seq_len=64", "train.seq_len=256", "dry_run=true"))  # a plan needs none
+
+
+# Mostly read before Hydra composes (marin/launch/command_line.py): a habit Hydra would answer with
+# a folder made, a run of defaults, or several lines of advice. (overrides, the exact line)
+BEFORE_HYDRA = [
+    (["hydra.run.dir=/tmp/x", "dry_run=true"],
+     "error: hydra.run.dir: marin writes nothing there; use run.out_dir=<folder> "
+     "(a run's directory is <run.out_dir>/<run.name>)"),
+    (["+hydra.sweep.dir=/tmp/x", "dry_run=true"],
+     "error: hydra.sweep.dir: marin writes nothing there; use run.out_dir=<folder> "
+     "(a run's directory is <run.out_dir>/<run.name>)"),
+    # without -m Hydra composed a named sweep's file and ran one job of defaults as if it were the sweep
+    (["sweep=lr_grid"], "error: sweep=lr_grid has 4 jobs: add -m"),
+    (["sweep=lr_grid", "optim.lr=1e-3"], "error: sweep=lr_grid has 1 job: add -m"),
+    (["sweep=lr_grid,router_ablation"], "error: sweep=lr_grid,router_ablation is a sweep of 2 values: add -m"),
+    (["optim.lr=1e-3,3e-3"], "error: optim.lr=1e-3,3e-3 is a sweep of 2 values: add -m"),
+    (["train.steps=range(1,4)", "dry_run=true"], "error: train.steps=range(1,4) is a sweep of 3 values: add -m"),
+    # a typo: the nearest names, where Hydra advised `+key=value` (which validation refuses next)
+    (["modle=tiny"], "error: modle: no such key or group; did you mean model?"),
+    (["train.step=50"], "error: train.step: no such key; did you mean train.steps?"),
+    (["steps=50"], "error: steps: no such key or group; did you mean train.steps / sweep?"),
+    (["-m", "optim.lrr=1e-3,3e-3"], "error: optim.lrr: no such key; did you mean optim.lr?"),
+    (["+train.stepz=3"],
+     "error: invalid config: train.stepz: not a field of the schema (TrainConfig); did you mean train.steps?"),
+    # nothing close: every key allowed there
+    (["model.zzz=3"], "error: model.zzz: no such key; model has " + ", ".join(f.name for f in fields(ModelConfig))),
+]
+
+
+@pytest.mark.parametrize("overrides,line", BEFORE_HYDRA, ids=[" ".join(c[0]) for c in BEFORE_HYDRA])
+def test_hydra_habit_is_one_exact_line(tmp_path, overrides, line):
+    overrides = [o.replace("/tmp/x", str(tmp_path / "x")) for o in overrides]
+    flags = [o for o in overrides if o.startswith("-")]  # before the overrides, as Hydra's parser wants
+    proc = _launch(tmp_path, *flags, "model=tiny", "train.steps=1", *(o for o in overrides if o not in flags),
+                   f"run.out_dir={tmp_path / 'out'}")
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
+    assert list(tmp_path.iterdir()) == [], "something was written"

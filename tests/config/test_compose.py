@@ -151,3 +151,37 @@ def test_the_tests_compose_gives_hydras_config_and_errors(overrides):
         except Exception as err:  # noqa: BLE001 (the error is what is compared)
             return type(err).__name__, str(err)
     assert outcome(lambda: compose_dict(*overrides)) == outcome(lambda: compose(overrides))
+
+
+def _cfg_job(*args):
+    import subprocess
+    import sys
+
+    from marin.config.paths import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "launch.py", "--cfg", "job", *args], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_cfg_job_shows_the_option_names_chosen():
+    """Hydra's own --cfg job prints the composed config before marin names the options: `???`."""
+    import yaml
+
+    tree = yaml.safe_load(_cfg_job("model=tiny", "router=softmax_aux"))
+    assert (tree["model"]["name"], tree["router"]["name"], tree["optim"]["name"]) == ("tiny", "softmax_aux", "adamw")
+    assert "???" not in yaml.safe_dump(tree)
+    assert tree["attention"]["num_heads"] == "auto"  # composed, not resolved
+    assert _cfg_job("model=tiny", "--package", "model.name") == "tiny\n"
+
+
+def test_cfg_job_resolve_fills_auto():
+    """--resolve shows what the run gets: every auto derived (Hydra's fills interpolations only)."""
+    import yaml
+
+    out = _cfg_job("--resolve", "model=tiny", "train.steps=auto")
+    tree = yaml.safe_load(out)
+    assert isinstance(tree["train"]["steps"], int) and tree["attention"]["num_heads"] == 2, out
+    assert "auto" not in out.split() and "???" not in out
+    assert yaml.safe_load(_cfg_job("--resolve", "-p", "attention", "model=tiny"))["num_heads"] == 2

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
@@ -21,8 +23,9 @@ def test_validation_does_not_import_jax():
         assert out.stdout.split() == ["False", "False", "False"], (overrides, out.stdout, out.stderr)
 
 
-def test_cfg_job_does_not_import_jax():
-    probe = ("import atexit, runpy, sys; sys.argv = ['launch.py', '--cfg', 'job']\n"
+@pytest.mark.parametrize("flags", [["--cfg", "job"], ["--cfg", "job", "--resolve"]])
+def test_cfg_job_does_not_import_jax(flags):
+    probe = (f"import atexit, runpy, sys; sys.argv = ['launch.py', *{flags!r}]\n"
              "import marin.cli  # its exit handler ends the process: the probe registers after it, so runs before it\n"
              "atexit.register(lambda: print('jax' in sys.modules, file=sys.stderr))  # launch.py exits at once\n"
              "runpy.run_path('launch.py', run_name='__main__')\n")

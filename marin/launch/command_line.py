@@ -1,0 +1,107 @@
+"""launch.py's command line, read before Hydra sees it.
+
+Hydra answers some habits badly: an unknown key gets several lines of advice (`+key`) that
+fail again, a comma list without -m five lines, `hydra.run.dir` a folder marin never writes to,
+and `--cfg job` prints the composed config before marin fills each group's `name` (`???`). `read`
+refuses the first three in one line (exit 2, nothing written) and turns `--cfg job` into a
+normal run that marin.launch.entry.show answers, so the config shown is the one a run gets;
+`refuse_sweep_without_multirun` answers a named sweep without -m once Hydra has composed it.
+No JAX.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import get_args_parser  # Hydra's own parser: the argv forms it accepts
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+
+from marin.cli import fail
+from marin.config.keys import unknown_at, unknown_key_message
+from marin.config.store import override_key
+
+# Hydra would make these folders, but marin writes nothing there: a run's directory is
+# <run.out_dir>/<run.name>, and Hydra's sweep folder only holds its private multirun.yaml.
+HYDRA_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+@dataclass(frozen=True)
+class Show:
+    """`--cfg job [--resolve] [--package P]`: print the config instead of running it."""
+    resolve: bool
+    package: Optional[str]
+
+
+def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
+    """The argv to give Hydra, and what to show instead of running (None: run). Refuses, in one
+    line with exit status 2, what Hydra would answer badly."""
+    args = get_args_parser().parse_args(argv[1:])
+    if not (args.help or args.hydra_help or args.shell_completion or args.info):  # nothing composed
+        _refuse_unknown_keys(args.overrides)
+        for override in args.overrides:
+            if override_key(override) in HYDRA_OUTPUT_DIRS:
+                fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
+                     "(a run's directory is <run.out_dir>/<run.name>)")
+        if not args.multirun:
+            _refuse_sweeps(args.overrides)
+    if args.cfg != "job" or _other_command(args):
+        return argv, None  # Hydra's own --cfg hydra|all, and its refusal of two commands at once
+    # The same command line without --cfg: Hydra composes it as for a run and calls the task.
+    kept = [argv[0]]
+    for flag, value in (("--config-path", args.config_path), ("--config-name", args.config_name),
+                        ("--config-dir", args.config_dir)):
+        if value is not None:
+            kept += [flag, value]
+    return kept + args.overrides, Show(resolve=args.resolve, package=args.package)
+
+
+def _refuse_unknown_keys(overrides: list[str]) -> None:
+    """`modle=tiny`, `train.step=50`: Hydra's answer is to add the key with `+`, which validation
+    refuses next. A `+key` is left to validation (a group of one's own may add keys at the root:
+    marin.config.validate.unknown_keys answers the same way), `hydra.*` and group paths to Hydra."""
+    for text in overrides:
+        key = override_key(text)
+        if text.startswith("+") or key == "hydra" or key.startswith("hydra.") or "/" in key or "@" in key:
+            continue
+        if (at := unknown_at(key)) is not None:
+            fail(f"{key}: no such key{' or group' if at == 0 else ''}; {unknown_key_message(key)}")
+
+
+def _refuse_sweeps(overrides: list[str]) -> None:
+    """A comma list (`optim.lr=1e-3,3e-3`, `sweep=a,b`), range() or choice() runs only with -m;
+    Hydra's answer without it is five lines of options."""
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except HydraException:
+            continue  # not well formed: Hydra says why
+        if override.is_sweep_override():
+            try:
+                values = f" of {len(list(override.sweep_string_iterator()))} values"
+            except HydraException:  # glob() and interval(): counted only by a sweeper
+                values = ""
+            fail(f"{text} is a sweep{values}: add -m")
+
+
+def refuse_sweep_without_multirun() -> None:
+    """`sweep=<name>` without -m: Hydra composes the sweep's file and ignores its
+    hydra.sweeper.params, so one job of defaults would run as if it were the sweep. Called in
+    the task function, before anything is written; the jobs counted as Hydra's sweeper would."""
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.RUN or not hydra.sweeper.get("params"):
+        return
+    params = [f"{key}={value}" for key, value in hydra.sweeper.params.items()]
+    parsed = OverridesParser.create().parse_overrides(params + list(hydra.overrides.task))
+    jobs = sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    name = hydra.runtime.choices.get("sweep")
+    fail(f"{f'sweep={name}' if name else 'hydra.sweeper.params'} has {jobs} job{'s' * (jobs != 1)}: add -m")
+
+
+def _other_command(args) -> bool:
+    return bool(args.help or args.hydra_help or args.run or args.multirun or args.shell_completion
+                or args.info or args.experimental_rerun)
