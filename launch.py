@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from marin.cli import exit_now
 from marin.config.store import register
-from marin.launch.entry import dispatch
+from marin.launch.entry import dispatch, quote_run_references
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
@@ -34,6 +34,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = quote_run_references(sys.argv)
     try:
         main()
     except SystemExit as done:

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import compose, override_key
+from marin.config.store import compose, override, override_key
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
@@ -237,7 +237,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
     if verb == "reproducing" and not any(override_key(o) == "run.name" for o in new):
-        new.append(f"run.name={replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')}")
+        new.append(override("run.name", replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')))
     _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets({override_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
@@ -307,4 +307,4 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     composed, resolved = load(typed)
     if verb == "reproducing":
         log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
-    return composed, resolved, kept + new + [f"reproduce={source.run_id}"]
+    return composed, resolved, kept + new + [override("reproduce", source.run_id)]
