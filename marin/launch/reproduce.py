@@ -271,8 +271,10 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
         raise ReproduceError(f"overrides do not apply to the saved config: {first_line(err)}") from None
 
     merged = flatten(saved)
+    # run.name is not conf/'s to drift: a sweep job's is made when its record is (sweep.job_name)
     drift = [] if gone else sorted(k for k in base if k in merged and base[k] != merged[k]  # gone: said above
-                                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != secrets.REDACTED)
+                                   and k not in SITE + CONTROL + NOT_INHERITED + ("run.name",)
+                                   and merged[k] != secrets.REDACTED)
     if drift:
         log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
                     + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))

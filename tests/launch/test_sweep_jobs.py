@@ -94,8 +94,8 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys):
 
 
 @pytest.mark.slow
-def test_a_sweep_job_is_forked_resumed_and_followed_by_its_status_name(grid, capsys):
-    from marin import lineage
+def test_a_sweep_job_is_forked_resumed_followed_and_sampled_by_its_status_name(grid, capsys):
+    from marin import generate, lineage
 
     out, uri, job = grid
     where = [f"run.out_dir={out}", f"tracking.uri={uri}"]
@@ -110,6 +110,9 @@ def test_a_sweep_job_is_forked_resumed_and_followed_by_its_status_name(grid, cap
     lineage.main([str(fork), "--out-dir", str(out), "--tracking-uri", uri])
     parent_id = json.loads((job / "record.json").read_text())["run_id"]
     assert parent_id in capsys.readouterr().out                            # the chain goes back to the job
+    assert generate.main(["grid/lr=0.001", "--prompt-ids", "72,105", "--max-new-tokens", "2", "--json",
+                          "--out-dir", str(out), "--tracking-uri", uri]) == 0
+    assert f"checkpoint: step 6 of run {job.name} ({parent_id})" in capsys.readouterr().err
 
 
 @pytest.mark.slow
