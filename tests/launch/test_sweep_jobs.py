@@ -74,7 +74,7 @@ def test_an_override_reads_back_as_the_value_it_was_made_from(value):
 
 
 @pytest.mark.slow
-def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys):
+def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys, caplog):
     out, uri, job = grid
     where = [f"run.out_dir={out}", f"tracking.uri={uri}"]
     names = _status_names("grid", ["--out-dir", str(out)], capsys)
@@ -86,6 +86,8 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys):
     assert done.returncode == 0, done.stderr[-2000:]
     before = set((out / "runs").iterdir())
     assert launch_here(f"reproduce={ref}", *where) == 0
+    # its name was made by the sweep, not by conf/: no "conf/ changed since the run" about it
+    assert "keeping the saved values of run.name" not in caplog.text
     copy = _new_run(out, before)
     assert copy.name.startswith("grid-lr=0.001-reproduce-")
     assert _losses(copy) == _losses(job) and len(_losses(job)) == 6       # bit for bit
