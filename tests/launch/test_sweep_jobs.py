@@ -96,7 +96,7 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys, 
 
 
 @pytest.mark.slow
-def test_a_sweep_job_is_forked_resumed_followed_and_sampled_by_its_status_name(grid, capsys):
+def test_a_sweep_job_is_forked_resumed_followed_started_from_and_sampled_by_its_status_name(grid, capsys):
     from marin import generate, lineage
 
     out, uri, job = grid
@@ -112,6 +112,10 @@ def test_a_sweep_job_is_forked_resumed_followed_and_sampled_by_its_status_name(g
     lineage.main([str(fork), "--out-dir", str(out), "--tracking-uri", uri])
     parent_id = json.loads((job / "record.json").read_text())["run_id"]
     assert parent_id in capsys.readouterr().out                            # the chain goes back to the job
+    before = set((out / "runs").iterdir())                                 # a new run from its weights
+    assert launch_here(*GRID[:-1], "train.steps=2", "train.init_from=grid/lr=0.001@5", *where) == 0
+    info = json.loads((_new_run(out, before) / "record.json").read_text())["init_from"]
+    assert info["step"] == 4 and Path(info["run_dir"]) == job, info
     assert generate.main(["grid/lr=0.001", "--prompt-ids", "72,105", "--max-new-tokens", "2", "--json",
                           "--out-dir", str(out), "--tracking-uri", uri]) == 0
     assert f"checkpoint: step 6 of run {job.name} ({parent_id})" in capsys.readouterr().err
