@@ -38,6 +38,16 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def override_value(override: str) -> str:
+    """The value an override sets, as Hydra reads it: `run.out_dir='/a=b'` sets `/a=b`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return str(OverridesParser.create().parse_override(override).value())
+    except Exception:  # noqa: BLE001 (not Hydra's grammar: Hydra refuses it where it composes)
+        return override.split("=", 1)[-1]
+
+
 def override(key: str, value) -> str:
     """`key=value` as one command-line override that Hydra reads back as exactly this string:
     as it is where Hydra's parser reads it so (`fork=mochi-launch@81716`), else quoted. Hydra's

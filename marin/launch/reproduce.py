@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import compose, override, override_key
+from marin.config.store import compose, override, override_key, override_value
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
@@ -186,14 +186,14 @@ def _unflatten(flat: dict) -> dict:
 def lookup_uri(new_overrides: list[str]) -> str | None:
     for o in reversed(new_overrides):
         if override_key(o) == "tracking.uri":
-            return o.split("=", 1)[1]
+            return override_value(o)
     return os.environ.get("MLFLOW_TRACKING_URI")
 
 
 def out_dir(new_overrides: list[str]) -> Path | None:
     for o in reversed(new_overrides):
         if override_key(o) == "run.out_dir":
-            return backend.out_dir(Config(run=RunConfig(out_dir=o.split("=", 1)[1])))
+            return backend.out_dir(Config(run=RunConfig(out_dir=override_value(o))))
     return None
 
 

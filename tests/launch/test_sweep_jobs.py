@@ -139,3 +139,13 @@ def test_an_ab_from_a_sweep_job_and_a_fork_of_its_arm_by_their_status_names(grid
     fork = _new_run(out, before)
     assert re.match(r"grid-lr=0\.001-step2-ab=control-step4-", fork.name), fork.name
     assert _losses(fork) == {5: _losses(job)[5]}
+
+
+def test_where_to_look_is_read_from_quoted_overrides_as_hydra_reads_them(tmp_path):
+    """`run.out_dir` and `tracking.uri` given quoted (as marin quotes a value holding `=`) name
+    the folder and store, not a path with quotes in it."""
+    from marin.launch.reproduce import lookup_uri, out_dir
+
+    folder = tmp_path / "a=b"
+    assert out_dir([f"run.out_dir='{folder}'"]) == folder
+    assert lookup_uri([f"tracking.uri='sqlite:///{folder}/m.db'"]) == f"sqlite:///{folder}/m.db"
