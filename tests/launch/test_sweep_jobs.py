@@ -91,8 +91,9 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys, 
     copy = _new_run(out, before)
     assert copy.name.startswith("grid-lr=0.001-reproduce-")
     assert _losses(copy) == _losses(job) and len(_losses(job)) == 6       # bit for bit
-    # reproduced again, from the reproduction's own saved overrides (its quoted run.name)
-    assert launch_here(f"reproduce={copy}", "verify=true", "verify_steps=3:4", *where) == 0
+    assert launch_here(f"reproduce={ref}", "verify=true", "verify_steps=3:4", *where) == 0   # exit 0: all equal
+    # verified again, from the reproduction's own saved overrides (its quoted run.name) and directory
+    assert launch_here(f"reproduce={copy}", "verify=true", "verify_steps=5:6", *where) == 0
 
 
 @pytest.mark.slow
