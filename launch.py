@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from marin.cli import exit_now
 from marin.config.store import register
 from marin.launch import command_line
-from marin.launch.entry import dispatch, show
+from marin.launch.entry import dispatch, quote_run_references, show
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
@@ -40,6 +40,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = quote_run_references(sys.argv)  # a run's name with "=" pastes as printed
     sys.argv, _show = command_line.read(sys.argv)  # refuses (one line, exit 2) what Hydra answers badly
     try:
         main()

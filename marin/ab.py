@@ -27,6 +27,7 @@ from pathlib import Path
 
 from marin.cli import Parser, fail, setup_logging
 from marin.config.paths import PROJECT_ROOT
+from marin.config.store import override
 from marin.launch.fork import Fork, ForkError, compose
 from marin.launch.reproduce import lookup_uri, out_dir
 from marin.track import backend, record
@@ -161,7 +162,7 @@ def _run_arms(command: list[str]) -> int:
 def sweep_id_override(sid: str) -> str:
     """`run.sweep_id` for the arms' command line, quoted: Hydra reads an unquoted hex id such as
     99e73426 as a number (inf), and the arms would join another sweep than the one looked for."""
-    return f"run.sweep_id='{sid}'"
+    return override("run.sweep_id", sid)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     write_arms(arms_dir, leaves)
     slurm = control.resolved.hardware.launcher == "slurm"
     command = [sys.executable, str(PROJECT_ROOT / "launch.py"), "-m", f"hydra.searchpath=[file://{arms_dir}]",
-               "+ab=" + ",".join(ARMS), f"fork={spec}", *shared, "run.sweep=ab", sweep_id_override(sid),
+               "+ab=" + ",".join(ARMS), override("fork", spec), *shared, "run.sweep=ab", sweep_id_override(sid),
                *(["wait=true"] if slurm else [])]
     print(f"paired A/B from {control.parent.run_id}@{step}: {last - step} steps ({first}…{last}), "
           f"{'a Slurm array' if slurm else 'here, one arm after the other'}\n"

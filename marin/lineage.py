@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail, setup_logging
 from marin.config.paths import CONF_DIR
+from marin.config.store import override, shell_join
 from marin.track import record
 from marin.track.tracker import read_metrics
 from marin.train.init_from import Start, split
@@ -127,8 +128,8 @@ def print_published(data: dict, out=None) -> None:
     print("as commands:", file=out)
     print(f"  {data['launch']}", file=out)
     for before, r in zip(runs, runs[1:]):
-        print(f"  python launch.py fork={before['run']}@{r['from_step']} run.name={r['run']}"
-              + "".join(f" {o}" for o in r.get("overrides") or []), file=out)
+        print("  " + shell_join(["python", "launch.py", override("fork", f"{before['run']}@{r['from_step']}"),
+                                 override("run.name", r["run"]), *(r.get("overrides") or [])]), file=out)
 
 
 def main(argv: list[str] | None = None) -> None:

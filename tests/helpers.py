@@ -98,8 +98,9 @@ def launch_here(*overrides: str) -> int:
     what a command says or leaves: no new interpreter to import JAX, MLflow and Hydra into (about
     a second of CPU each), and a run it trains compiles once per worker. What only a process shows
     (Hydra's own errors, the exit status the shell sees) stays with subprocess tests."""
-    from marin.launch.entry import dispatch
+    from marin.launch.entry import dispatch, quote_run_references
 
+    overrides = tuple(quote_run_references(list(overrides)))  # as launch.py does before Hydra parses them
     with signals_kept():
         try:
             dispatch(compose_dict(*overrides), list(overrides))

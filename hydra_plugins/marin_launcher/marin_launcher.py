@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from marin.cli import fail, setup_logging
 from marin.config.schema import Config
-from marin.config.store import name_options
+from marin.config.store import name_options, shell_join
 from marin.launch import slurm
 from marin.launch.multirun import Job, check_jobs, compose_problem, discard_sweep_file, labels
 from marin.launch.plan import plan, plan_row, row_header
@@ -189,7 +189,8 @@ class MarinLauncher(Launcher):
                 print(f"sweep {launch.name}: {len(members)} jobs, MLflow parent run {launch.parent_id} "
                       f"(experiment {launch.experiment}, {secrets.safe_uri(launch.uri)})\n"
                       f"  directory: {folder}\n"
-                      f"  watch it:  python -m marin.status {folder}", file=sys.stderr, flush=True)
+                      f"  watch it:  {shell_join(['python', '-m', 'marin.status', str(folder)])}", file=sys.stderr,
+                      flush=True)
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nno job was started")
         return made

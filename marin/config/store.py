@@ -17,6 +17,8 @@ the ladder names its models). `compose` composes as ``launch.py`` does, names in
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -34,6 +36,43 @@ _registered = False
 def override_key(override: str) -> str:
     """The key a command-line override sets: `+a.b=1`, `~a.b` and `a.b=1` all set `a.b`."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(override: str) -> str:
+    """The value an override sets, as Hydra reads it: `run.out_dir='/a=b'` sets `/a=b`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return str(OverridesParser.create().parse_override(override).value())
+    except Exception:  # noqa: BLE001 (not Hydra's grammar: Hydra refuses it where it composes)
+        return override.split("=", 1)[-1]
+
+
+def override(key: str, value) -> str:
+    """`key=value` as one command-line override that Hydra reads back as exactly this string:
+    as it is where Hydra's parser reads it so (`fork=mochi-launch@81716`), else quoted. Hydra's
+    grammar refuses an unquoted `=` (a sweep job's name and directory, `grid-lr=0.001-…`), reads a
+    `,` as a sweep, brackets, spaces and quotes as syntax and a hex id such as 99e73426 as a
+    number. Inside the quotes a quote is escaped, and so are the backslashes before one or at the
+    end (Hydra reads two there as one). For a shell, `shell_join` quotes the override again."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = str(value)
+    try:
+        if OverridesParser.create().parse_override(f"{key}={value}").value() == value:
+            return f"{key}={value}"
+    except Exception:  # noqa: BLE001 (Hydra's grammar error: quoted below)
+        pass
+    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", value)
+    text = re.sub(r"(\\+)$", lambda m: m[1] * 2, text)
+    return f"{key}='{text}'"
+
+
+def shell_join(args: list[str]) -> str:
+    """A command line to print for a shell (shlex's quoting), an override quoted for Hydra in
+    double quotes where they need no escape: `"reproduce='grid/lr=0.001'"`, which reads better
+    than shlex's `'reproduce='"'"'grid/lr=0.001'"'"''` and means the same."""
+    return " ".join(f'"{a}"' if "'" in a and not re.search(r'["$`\\!]', a) else shlex.quote(a) for a in args)
 
 
 def private_tmp() -> str:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from marin.cli import config_errors, fail, setup_logging
 from marin.config import derive
-from marin.config.store import name_options
+from marin.config.store import name_options, override
 from marin.config.validate import ConfigError
 from marin.launch.checks import load
 from marin.launch.compile_plan import run as compile_run
@@ -56,6 +56,21 @@ def dispatch(cfg: DictConfig, job_overrides: list[str] | None = None) -> None:
 
 
 RUN_REFERENCES = ("resume", "reproduce", "fork", "train.init_from")
+
+
+def quote_run_references(args: list[str]) -> list[str]:
+    """launch.py's arguments with each run reference that holds an `=` quoted for Hydra, whose
+    grammar refuses a second unquoted `=`: a sweep's job pastes as `marin.status` prints it
+    (`reproduce=router_ablation/router=qb`), and as its directory (`fork=…/grid-lr=0.001-…@3`).
+    Such a value has only this meaning; one without `=` is left to Hydra (in a multirun,
+    `fork=a@3,b@3` sweeps)."""
+    quoted = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in RUN_REFERENCES and "=" in value and value[0] not in "'\"":
+            arg = override(key, value)
+        quoted.append(arg)
+    return quoted
 
 
 def keep_run_references(cfg: DictConfig, job_overrides: list[str]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
-from marin.config.store import override_key
+from marin.config.store import override, override_key
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
@@ -79,8 +79,8 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
     parent_cfg = record.config_dict(OmegaConf.load(parent.run_dir / latest))
     extra = [f"{k}=null" for k in PER_INVOCATION if k not in given]  # the parent's stop_after was its own
     if "run.name" not in given:
-        extra.append(f"run.name={parent_cfg['run']['name']}-step{step}")
-    extra += [f"train.init_from={parent.run_dir}@{step}", "train.init_from_mode=continue"]  # the whole state
+        extra.append(override("run.name", f"{parent_cfg['run']['name']}-step{step}"))
+    extra += [override("train.init_from", f"{parent.run_dir}@{step}"), "train.init_from_mode=continue"]  # the whole state
     try:
         composed, resolved, overrides = recompose(str(parent.run_dir), [*new, *extra], verb="forking")
     except ReproduceError as err:
@@ -95,7 +95,7 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
                 section, leaf = key.split(".")
                 setattr(getattr(cfg, section), leaf, parent.tracking_uri if key == "tracking.uri"
                         else parent_cfg["run"]["out_dir"])
-    overrides = [o for o in overrides if override_key(o) != "reproduce"] + [f"fork={parent.run_id}@{step}"]
+    overrides = [o for o in overrides if override_key(o) != "reproduce"] + [override("fork", f"{parent.run_id}@{step}")]
     changes = {k: v for k, v in changes_between(parent_cfg, record.config_dict(resolved)).items()
                if k not in IGNORED and not k.startswith(("run.", "train.init_from"))}
     if resolved.hardware.launcher != "slurm":  # trained here: JAX starts (for the check) as the run needs it

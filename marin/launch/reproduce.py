@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import compose, override_key
+from marin.config.store import compose, override, override_key, override_value
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.track import backend, record, secrets
@@ -186,14 +186,14 @@ def _unflatten(flat: dict) -> dict:
 def lookup_uri(new_overrides: list[str]) -> str | None:
     for o in reversed(new_overrides):
         if override_key(o) == "tracking.uri":
-            return o.split("=", 1)[1]
+            return override_value(o)
     return os.environ.get("MLFLOW_TRACKING_URI")
 
 
 def out_dir(new_overrides: list[str]) -> Path | None:
     for o in reversed(new_overrides):
         if override_key(o) == "run.out_dir":
-            return backend.out_dir(Config(run=RunConfig(out_dir=o.split("=", 1)[1])))
+            return backend.out_dir(Config(run=RunConfig(out_dir=override_value(o))))
     return None
 
 
@@ -237,7 +237,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
         raise ReproduceError(str(err)) from None
     saved = OmegaConf.to_container(source.composed(), resolve=False)
     if verb == "reproducing" and not any(override_key(o) == "run.name" for o in new):
-        new.append(f"run.name={replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')}")
+        new.append(override("run.name", replay_name(str((saved.get('run') or {}).get('name') or 'default'), 'reproduce')))
     _check_interpolations(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets(saved, f"{source.run_dir / record.COMPOSED}")
     _check_targets({override_key(o): o.split("=", 1)[-1] for o in new}, "overrides")
@@ -271,8 +271,10 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
         raise ReproduceError(f"overrides do not apply to the saved config: {first_line(err)}") from None
 
     merged = flatten(saved)
+    # run.name is not conf/'s to drift: a sweep job's is made when its record is (sweep.job_name)
     drift = [] if gone else sorted(k for k in base if k in merged and base[k] != merged[k]  # gone: said above
-                                   and k not in SITE + CONTROL + NOT_INHERITED and merged[k] != secrets.REDACTED)
+                                   and k not in SITE + CONTROL + NOT_INHERITED + ("run.name",)
+                                   and merged[k] != secrets.REDACTED)
     if drift:
         log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
                     + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))
@@ -307,4 +309,4 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     composed, resolved = load(typed)
     if verb == "reproducing":
         log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
-    return composed, resolved, kept + new + [f"reproduce={source.run_id}"]
+    return composed, resolved, kept + new + [override("reproduce", source.run_id)]

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 import sys
 import time
 
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
-from marin.config.store import override_key
+from marin.config.store import override, override_key, shell_join
 from marin.config.validate import ConfigError
 from marin.launch import slurm as slurm_launch
 from marin.launch.distributed import apply_environment, check_gpu_install
@@ -174,7 +173,7 @@ def _done(source, resolved, newest: int) -> str | None:
     if newest >= total:
         return (f"run {source.run_id} is finished (step {newest} of {total}): nothing to resume; its report: "
                 f"{source.run_dir / 'report.html'}. To train on from its weights, start a new run with "
-                f"train.init_from={source.run_dir}")
+                f"{shell_join([override('train.init_from', source.run_dir)])}")
     if stop is not None and newest >= stop:
         return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_after={stop}): nothing to "
                 f"run; give a later train.stop_after, or none to train to step {total}")
@@ -194,7 +193,7 @@ def _check_structure(source, resolved, changes: dict, new: list[str]) -> None:
         leaves = "; ".join(err.differences[:2]) + (f" (+{len(err.differences) - 2} more)" if len(err.differences) > 2 else "")
         fail(f"resume: {fields} changes the train state ({leaves}), so checkpoint {err.where} cannot be "
              f"restored into it; nothing was changed. Start a new run from this one instead: "
-             + shlex.join(["python", "launch.py", f"reproduce={source.run_dir}", *(o for o in new if override_key(o) not in IGNORED)]))
+             + shell_join(["python", "launch.py", override("reproduce", source.run_dir), *(o for o in new if override_key(o) not in IGNORED)]))
 
 
 def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, composed, resolved, step: int = 0) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marin.cli import Parser, config_errors, fail
-from marin.config.store import override_key
+from marin.config.store import override, override_key
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
@@ -171,7 +171,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     first = run_start(source, recorded)
     # The replay is named as one (`<name>-verify`), unless this command line names it
     named = [] if any(override_key(o) == "run.name" for o in new) else [
-        f"run.name={replay_name(str(source.composed().run.name), 'verify')}"]
+        override("run.name", replay_name(str(source.composed().run.name), 'verify'))]
     if window is None:
         return Plan(source, recorded, where, first, None, named)
     a, b = window
@@ -183,7 +183,7 @@ def plan(cfg, new_overrides: list[str]) -> Plan:
     steps = [s for s in listed_steps(checkpoint_dir(source.run_dir)) if first <= s < a]
     overrides = [*named, f"train.stop_after={b}"]
     if steps:  # restores steps[-1], the newest checkpoint below a
-        overrides += [f"train.init_from='{source.run_dir}@{a - 1}'", "train.init_from_mode=continue"]
+        overrides += [override("train.init_from", f"{source.run_dir}@{a - 1}"), "train.init_from_mode=continue"]
     elif a > first + 1:  # else the run's own beginning: its config starts there (fresh, or its own init_from)
         have = listed_steps(checkpoint_dir(source.run_dir))
         raise VerifyError(f"verify_steps: run {source.run_id} has no checkpoint below step {a} to start "

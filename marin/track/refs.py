@@ -10,8 +10,9 @@ A run is named by
 - ``<sweep>/<job>``: a sweep (named as below) and one of its jobs by its override name as
   `marin.status` prints it (``lr_grid/lr=0.001``), or by enough of it to be unique
   (``router=qb`` alone in a sweep of lr × router names one job per lr: the error lists them).
-  Hydra takes no ``=`` or ``,`` in an unquoted value, so on a launch.py command line write
-  ``:`` and ``+`` for them: ``resume=lr_grid/lr:0.001``, ``fork=grid/lr:0.001+router:qb@200``.
+  ``:`` and ``+`` stand for ``=`` and ``,`` (``resume=lr_grid/lr:0.001``); launch.py quotes a
+  run reference holding ``=`` for Hydra (`marin.launch.entry.quote_run_references`), so
+  ``fork=grid/lr=0.001@200`` works as well.
 
 A sweep is named by its directory, its name (the newest sweep of that name), its directory's
 name or a unique prefix of it, or a unique prefix of its parent's MLflow run id.

@@ -10,9 +10,10 @@ newest checkpoint; a requeued Slurm job goes on by itself.
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+from marin.config.store import override, shell_join
 
 HOW = ("finished", "stopped", "killed", "failed", "requeued")
 
@@ -35,7 +36,7 @@ class Ending:
 
 
 def resume_command(run_dir: Path) -> str:
-    return f"python launch.py {shlex.quote(f'resume={run_dir}')}"
+    return shell_join(["python", "launch.py", override("resume", run_dir)])
 
 
 def summary_line(ending: Ending, train_loss: float | None, eval_loss: float | None, run_dir: Path,
