@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=470.0, help="the whole check's time (default: under 8 minutes)")
     p.add_argument("--parts", default="env,ceilings,steps,profile,attention,grouped")
     p.add_argument("--preset", action="append", help="preset(s) to measure (default: all of the mode's)")
-    p.add_argument("--only", help="comma-separated variant names to measure (default: every variant)")
+    p.add_argument("--only", help="comma-separated variant names to measure (default: every variant; names hold no comma)")
     p.add_argument("--variant", action="append", default=[],
                    help="'NAME: k=v k=v', an extra variant of every chosen preset (Hydra overrides)")
     p.add_argument("--docs", choices=("packed", "single"), default="packed",

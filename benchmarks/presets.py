@@ -17,7 +17,7 @@ PRESETS = {
 VARIANTS = {
     "d768": {"base": [], "recipe offload": ["optim.offload=true", "model.offload_carry=true"],
              "blockwise attention": ["attention.impl=blockwise"]},
-    "d2048": {"base": [], "ragged, grouped GEMM": ["model.ep_transport=ragged"]},
+    "d2048": {"base": [], "ragged grouped GEMM": ["model.ep_transport=ragged"]},
 }
 # --tiny: the same parts on the micro model, CPU-sized.
 TINY_PRESETS = {"micro": ["model=micro", "train.seq_len=128", "train.global_batch=4", "attention.window=32"]}
