@@ -76,6 +76,7 @@ class Worker:
                                          stdout=subprocess.PIPE, env=env)
         self._lock = threading.Lock()
         self.alive = True
+        self._told: frozenset = frozenset()  # the secrets this worker has been told to mask
 
     @classmethod
     def get(cls) -> "Worker":
@@ -88,8 +89,12 @@ class Worker:
         with self._lock:
             if not self.alive:
                 raise WorkerGone("the tracking process has ended")
+            # secrets learnt since the last call (a config's, an override's) ride along: the worker
+            # prints to the job's stderr itself and must mask what this process masks
+            known = secrets.known()
+            new, self._told = known - self._told, known
             try:
-                _send(self._process.stdin, (fn.__module__, fn.__qualname__, args))
+                _send(self._process.stdin, (fn.__module__, fn.__qualname__, args, sorted(new)))
                 reply = _receive(self._process.stdout)
             except (OSError, ValueError):  # a broken pipe, or a stream closed by `kill`
                 reply = None
@@ -252,9 +257,12 @@ def main() -> None:
     os.dup2(2, 1)                           # so nothing MLflow prints can corrupt a reply
     requests = sys.stdin.buffer
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="[%(name)s] %(message)s")
-    logging.getLogger().handlers[0].addFilter(secrets.MaskingFilter())
+    # what MLflow prints here ("View run … at: <uri with password>") reaches the job's output
+    # without passing through the trainer's masking: mask it here the same way
+    secrets.guard_output()
     while (message := _receive(requests)) is not None:
-        module, name, args = message
+        module, name, args, new_secrets = message
+        secrets.remember(new_secrets)
         try:
             reply = (True, getattr(importlib.import_module(module), name)(*args))
         except Exception as err:  # noqa: BLE001 — every error is the caller's to handle

@@ -264,3 +264,24 @@ def test_a_short_environment_secret_pulled_in_by_oc_env_is_not_printed(tmp_path)
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "FOO: <redacted>" in done.stdout and "ab12c" not in done.stdout + done.stderr
+
+
+def test_tracking_process_output_is_masked(capfd):
+    """The tracking process writes to the job's stderr itself (MLflow's "🏃 View run … at: <uri>"
+    line among others): its output is masked like the trainer's, secrets the trainer learnt
+    after starting it included."""
+    from marin.track import worker
+
+    tracking = worker.Worker()
+    try:
+        tracking.call(print, "warm-up")  # the worker runs before the trainer learns the next secret
+        secrets.remember("s3cr3t-learnt-late")
+        tracking.call(print, "🏃 View run r at: http://user:hunter2pw@host/#/ and s3cr3t-learnt-late")
+        tracking.call(__import__("warnings").warn, "stderr s3cr3t-learnt-late")  # to sys.stderr
+    finally:
+        tracking._process.stdin.close()
+        tracking._process.wait(30)
+    out, err = capfd.readouterr()
+    assert "View run" in out + err and "stderr" in out + err
+    assert "hunter2pw" not in out + err and "s3cr3t-learnt-late" not in out + err
+
