@@ -193,9 +193,13 @@ def redact_override(override: str) -> str:
     return mask(override)
 
 
-# `NAME=value`, `NAME: value`, `"NAME": "value"` (shell, .env, YAML, JSON, Python) anywhere in a line.
-_ASSIGNMENT = re.compile(r"""(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<quote>['"]?)(?P<sep>\s*(?::|=|:=)\s*)"""
-                         r"""(?P<open>['"]?)(?P<value>[^\s'"]+)""")
+# `NAME=value`, `NAME: value`, `"NAME": "value"` (shell, .env, YAML, JSON, Python) anywhere in a line;
+# a command-line option `--NAME value` too (a space separates only after `--`, else any two words
+# would be an assignment). An HTTP auth scheme (`Authorization: Bearer TOKEN`) is kept, its token is
+# the value.
+_ASSIGNMENT = re.compile(r"""(?P<dash>--)?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<quote>['"]?)"""
+                         r"""(?P<sep>\s*(?::|=|:=)\s*|(?(dash)\s+|(?!)))"""
+                         r"""(?P<open>['"]?)(?:(?:Bearer|Basic|Token|Digest)\s+)?(?P<value>[^\s'"]+)""")
 
 
 def mask_assignments(text: str) -> str:

@@ -285,3 +285,24 @@ def test_tracking_process_output_is_masked(capfd):
     assert "View run" in out + err and "stderr" in out + err
     assert "hunter2pw" not in out + err and "s3cr3t-learnt-late" not in out + err
 
+
+@pytest.mark.parametrize("line, secret", [
+    ('+  curl -H "Authorization: Bearer abcTOKEN123" host', "abcTOKEN123"),
+    ("+Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA"),
+    ("+    headers = {'Authorization': 'Token abcTOKEN123'}", "abcTOKEN123"),
+    ("+mlflow server --password hunter2xx --port 5000", "hunter2xx"),
+    ("+cmd --password=hunter2xx", "hunter2xx"),
+    ('+cmd --api-key "hunter2xx"', "hunter2xx"),
+    ("+  password: hunter2xx", "hunter2xx"),
+    ("+url = https://alice:tok123456@github.com/x", "tok123456"),
+])
+def test_diff_secrets_are_redacted(line, secret):
+    """git.diff holds what the tree held: header credentials, command-line options and URI
+    passwords are redacted, whatever the name of the variable around them."""
+    masked = secrets.mask_assignments(line)
+    assert secret not in masked and secrets.REDACTED in masked, masked
+
+
+def test_diff_ordinary_options_are_kept():
+    line = "+python launch.py --steps 100 --model micro tokenizer=gpt2 'Basic idea'"
+    assert secrets.mask_assignments(line) == line
