@@ -306,3 +306,17 @@ def test_diff_secrets_are_redacted(line, secret):
 def test_diff_ordinary_options_are_kept():
     line = "+python launch.py --steps 100 --model micro tokenizer=gpt2 'Basic idea'"
     assert secrets.mask_assignments(line) == line
+
+
+@pytest.mark.parametrize("key", ["run.experiment", "tracking.experiment"])
+def test_experiment_name_with_a_password_is_refused(key):
+    """An experiment's name is MLflow's, shown and stored as given: one holding a URI's password
+    is refused before anything is made (renaming it to a masked name would silently file the run
+    under an experiment nobody asked for)."""
+    from marin.config.validate import ConfigError
+    from marin.launch.checks import load
+    from tests.helpers import compose_dict
+
+    with pytest.raises(ConfigError, match=f"{key}: holds a password") as err:
+        load(compose_dict("model=tiny", f"{key}='http://alice:pw0rd-9x@host:5000'"))
+    assert "pw0rd-9x" not in str(err.value)
