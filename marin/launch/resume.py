@@ -208,7 +208,7 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
         names = {"composed": f"composed.resume-{n}.yaml", "resolved": f"resolved.resume-{n}.yaml"}
         for which, cfg in (("composed", composed), ("resolved", resolved)):
             path = rec.run_dir / names[which]
-            path.write_text(secrets.mask(record.to_yaml(secrets.redact(record.config_dict(cfg)))))
+            secrets.write_private(path, record.to_yaml(secrets.redact(record.config_dict(cfg))))
             client.log_artifact(rec.run_id, str(path), artifact_path="record")
         entry.update(names)
         client.set_tag(rec.run_id, f"resume_{n}", record._tag_value(_describe(changes)))  # noqa: SLF001

@@ -218,13 +218,11 @@ def update_info(record: RunRecord, **fields) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(secrets.mask(json.dumps(data, indent=2, default=str) + "\n"))
-    tmp.replace(path)
+    secrets.write_private(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.write_text(secrets.mask(text))
+    secrets.write_private(path, text)
 
 
 # ---------------------------------------------------------------------------- create

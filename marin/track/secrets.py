@@ -218,6 +218,19 @@ def mask_assignments(text: str) -> str:
     return mask(_ASSIGNMENT.sub(redact_value, text))
 
 
+def write_private(path, text: str) -> None:
+    """Write `text`, masked, to `path` (replaced whole: a reader never sees half of it) with mode
+    0600 whatever the umask: a file that can hold a secret masking missed (a record, a saved
+    config, git.diff) is its owner's alone."""
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    os.fchmod(fd, 0o600)  # a leftover .tmp keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(mask(text))
+    os.replace(tmp, path)
+
+
 def safe_uri(uri: str) -> str:
     """A URI without its password (user names are kept)."""
     return mask(uri) if isinstance(uri, str) else uri

@@ -235,7 +235,7 @@ def _create_parent(client, exp_id, member: Membership, uri: str) -> str:
     info = {"parent_run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment_id": exp_id,
             "experiment": member.experiment, "sweep": member.name, "sweep_id": member.sweep_id,
             "params": member.swept, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (member.folder / "sweep.json").write_text(json.dumps(info, indent=2) + "\n")
+    secrets.write_private(member.folder / "sweep.json", json.dumps(secrets.redact(info), indent=2) + "\n")
     return run_id
 
 

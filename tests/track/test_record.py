@@ -1,6 +1,7 @@
 """The run record: directory contents, the MLflow run read back, atomicity, open()."""
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -243,3 +244,17 @@ def test_tracking_contacts_no_host_but_its_store(tmp_path):
                           env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_files_that_can_hold_secrets_are_private(project, configure, store):
+    """record.json, the saved configs, the overrides and git.diff are mode 0600 whatever the
+    umask: masking misses what it was never told, the file's mode does not."""
+    (project / "a.py").write_text("x = 2\n")   # a dirty tree: git.diff is written
+    old = os.umask(0o022)
+    try:
+        rec = record.create(*configure("run.name=private-modes"))
+    finally:
+        os.umask(old)
+    names = [record.INFO, record.COMPOSED, record.RESOLVED, record.OVERRIDES, record.DIFF]
+    modes = {n: stat.S_IMODE((rec.run_dir / n).stat().st_mode) for n in names}
+    assert modes == dict.fromkeys(names, 0o600)
