@@ -18,7 +18,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from marin.config import derive, fields
 from marin.config.keys import unknown_key_message
 from marin.config.schema import GROUPS, Config
-from marin.track import secrets
 
 Check = Callable[[Config], "list[tuple[str, str]]"]
 
@@ -92,19 +91,9 @@ def check_run_name(name) -> list[tuple[str, str]]:
              f"letter or digit; got {text!r}")]
 
 
-def check_experiment_names(cfg: Config) -> list[tuple[str, str]]:
-    """An MLflow experiment's name is stored and shown as given, so one holding a secret (a URI
-    pasted with its password) is refused, not masked: a masked name would file the run under an
-    experiment nobody asked for. The value is not quoted (it is the secret)."""
-    return [(key, "holds a password (or another secret): name the experiment plainly; the store's "
-             "address goes in tracking.uri")
-            for key, value in (("run.experiment", cfg.run.experiment), ("tracking.experiment", cfg.tracking.experiment))
-            if value and secrets.mask(str(value)) != str(value)]
-
-
 def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     """Checks on single leaves that the schema's types cannot express."""
-    problems = check_run_name(cfg.run.name) + check_experiment_names(cfg)
+    problems = check_run_name(cfg.run.name)
     problems += fields.problems(cfg)  # every leaf against its field's choices or range (finite, int32)
     problems += _empty_refs(cfg)
     if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, *COMPILE_DRY_RUNS):

@@ -18,6 +18,7 @@ from marin.model.accounting import offload_estimate
 from marin.optim.decay import check as check_decay
 from marin.optim.newton_schulz import check as check_newton_schulz
 from marin.track.forecast_check import check_config as check_forecast
+from marin.track.secrets import check_experiment_names
 from marin.train.init_from import problems as check_init_from
 
 CHECKS = (
@@ -26,6 +27,7 @@ CHECKS = (
     check_init_from,   # train.init_from: its form, and its checkpoint
     check_data,        # sources, cells, phases, epochs, files, tokenizer
     check_forecast,    # forecast.registered matches this run
+    check_experiment_names,  # run.experiment, tracking.experiment: no password in an MLflow name
 )
 
 

@@ -23,6 +23,10 @@ import logging
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from marin.config.schema import Config
 
 REDACTED = "<redacted>"
 WORDS = {"key", "keys", "pat", "auth", "authorization", "oauth", "bearer", "pwd", "pw", "pass",
@@ -281,3 +285,13 @@ def guard_output(argv=None) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, MaskingFilter) for f in handler.filters):
             handler.addFilter(MaskingFilter())
+
+
+def check_experiment_names(cfg: Config) -> list[tuple[str, str]]:
+    """An MLflow experiment's name is stored and shown as given, so one holding a secret (a URI
+    pasted with its password) is refused, not masked: a masked name would file the run under an
+    experiment nobody asked for. The value is not quoted (it is the secret)."""
+    return [(key, "holds a password (or another secret): name the experiment plainly; the store's "
+             "address goes in tracking.uri")
+            for key, value in (("run.experiment", cfg.run.experiment), ("tracking.experiment", cfg.tracking.experiment))
+            if value and mask(str(value)) != str(value)]
