@@ -253,3 +253,29 @@ def test_a_second_resume_of_a_run_being_trained_is_refused_and_writes_nothing(st
         first.kill()
         first.wait()
 
+
+def test_a_fork_from_a_damaged_checkpoint_is_refused_naming_the_sound_ones(stopped_run, tmp_path, capsys):
+    """fork=<run>@B with checkpoint B damaged: not a fork from A (the one before) under the name of
+    B, but one line naming the damaged step and the sound ones, exit 2; no new run, the parent's
+    files as they were. (A and B: the run's first two checkpoints, 3 and 6 until an earlier test
+    resumes it to its end.)"""
+    from omegaconf import OmegaConf
+
+    from marin.launch.fork import fork
+
+    a, b = sorted(int(p.name) for p in (stopped_run.run_dir / "checkpoints").iterdir() if p.name.isdigit())[:2]
+    copy = _copy_into_new_run(stopped_run, tmp_path, up_to=b)
+    victim = next(f for f in (copy.run_dir / "checkpoints" / str(b) / "meta").rglob("*")
+                  if f.is_file() and f.name != "commit_success.txt")
+    victim.write_bytes(victim.read_bytes().replace(str(b).encode(), str(b + 1).encode()))
+    runs = copy.run_dir.parent
+    before = (sorted(p.name for p in runs.iterdir()), {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()})
+    capsys.readouterr()
+    spec = f"{copy.run_dir}@{b}"
+    with signals_kept(), pytest.raises(SystemExit) as exit_:   # steps past b to train, whatever b is
+        fork(OmegaConf.create({"fork": spec, "dry_run": False}), [f"fork={spec}", "train.steps=40"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and err.count("\n") == 1 and out == "", out + err
+    assert err.startswith("error: fork: ") and f"checkpoint {b} " in err and "damaged" in err and f"(sound: {a})" in err, err
+    assert (sorted(p.name for p in runs.iterdir()),
+            {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()}) == before   # nothing written
