@@ -4,7 +4,8 @@ The run's processes listed themselves in `<run dir>/processes/` (marin.train.pre
 Under Slurm the job's tasks get SIGUSR1 from `scancel --signal=USR1 <job>` (every task of its
 steps, not the batch shell, which would die of it); a process on this machine gets it from
 `kill`. A listed process is signalled only if it is still the one that wrote the file (same host,
-same kernel start time), so a reused pid is never hit. At the next step boundary the run writes
+same kernel start time, and it holds the file open), so a reused pid or an entry naming another
+program is never hit. At the next step boundary the run writes
 a checkpoint, verifies it against its manifests and says so (`forced checkpoint at step N written
 and verified`) on process 0's stderr (the Slurm task's log) and in run.log where process 0 keeps it
 (a local run), with the MLflow tag `checkpoint.forced` (marin.train.components.confirm_forced).
@@ -24,17 +25,20 @@ from pathlib import Path
 from marin.cli import Parser, fail
 from marin.track import record
 from marin.track.errors import first_line
-from marin.train.preempt import CHECKPOINT_SIGNAL, PROCESSES, process_start
+from marin.train.preempt import CHECKPOINT_SIGNAL, PROCESSES, holds, process_start
 
 
 def listed(run_dir: Path) -> list[dict]:
-    """The process entries the run wrote (unreadable ones are skipped: a write in flight)."""
+    """The process entries the run wrote (unreadable ones are skipped: a write in flight), each
+    with the file it came from (`path`)."""
     entries = []
     for path in sorted((run_dir / PROCESSES).glob("*.json")):
         try:
-            entries.append(json.loads(path.read_text()))
+            entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(entry, dict):
+            entries.append({**entry, "path": path})
     return entries
 
 
@@ -47,10 +51,12 @@ def slurm_running(job: str) -> bool:
 
 
 def alive_here(entry: dict) -> bool:
-    """The listed process runs on this machine and is the one that wrote the entry."""
+    """The listed process runs on this machine, is the one that wrote the entry (pid, start time)
+    and is this run's trainer: it still holds its entry open (preempt.announce). A pid, host and
+    start time can be copied into the file from any process; the open file cannot."""
     pid = entry.get("pid")
     return (entry.get("host") == socket.gethostname() and isinstance(pid, int) and entry.get("started") is not None
-            and process_start(pid) == entry["started"])
+            and process_start(pid) == entry["started"] and "path" in entry and holds(pid, entry["path"]))
 
 
 def ask_checkpoint(run_dir: Path) -> str:

@@ -53,13 +53,55 @@ def config_path(path: str) -> Path:
     return project_path(path)
 
 
+class SymlinkLoop(ValueError):
+    """A `**` pattern whose folders hold a link back to a folder above it (the message names it)."""
+
+
 def expand(patterns, root: Path) -> list[Path]:
-    """Files (or globs, ``**`` included) → sorted unique paths; a pattern may match nothing."""
+    """Files (or globs, ``**`` included) → sorted paths, each file once (by the first of its names:
+    a link to a folder the pattern also reaches itself would read its files twice); a pattern may
+    match nothing. SymlinkLoop where `**` would go round a link loop."""
     found = set()
     for pattern in patterns:
-        full = pattern if os.path.isabs(pattern) else str(root / pattern)
-        found.update(glob.glob(os.path.expanduser(full), recursive=True))
-    return sorted(Path(p) for p in found)
+        full = os.path.expanduser(pattern if os.path.isabs(pattern) else str(root / pattern))
+        base = _fixed_part(full)
+        if "**" in full and (loop := _symlink_loop(base, frozenset(map(str, Path(os.path.realpath(base)).parents)))):
+            raise SymlinkLoop(f"a symbolic link loop under {base}: {loop}; {pattern!r} would read "
+                              "the files below it again at every level: remove the link or name the folders")
+        found.update(glob.glob(full, recursive=True))
+    unique = {}
+    for path in sorted(found):
+        unique.setdefault(os.path.realpath(path), Path(path))
+    return sorted(unique.values())
+
+
+def _fixed_part(pattern: str) -> str:
+    """The folders of a glob pattern before its first wildcard."""
+    parts = Path(pattern).parts
+    return str(Path(*parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))]))
+
+
+def _symlink_loop(folder: str, above: frozenset = frozenset()) -> str | None:
+    """'<link> → <folder>' for a link below `folder` to a folder it is in, or to one of `above`
+    (the folders `folder` is in), else None: glob's `**` follows links to folders, so it would go
+    round, the paths growing until the system refuses them. One walk of the folders, as the glob's."""
+    above = above | {os.path.realpath(folder)}
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=True):
+                continue
+        except OSError:  # a link to itself: glob skips it too
+            continue
+        real = os.path.realpath(entry.path)
+        if real in above:
+            return f"{entry.path} → {real}"
+        if loop := _symlink_loop(entry.path, above):
+            return loop
+    return None
 
 
 # ----------------------------------------------------------------------------- the mixture
@@ -250,7 +292,10 @@ def location_problems(field: str, kind: str, paths, root: Path) -> list[tuple[st
             except ValueError as err:
                 problems.append((f"{field}.paths", str(err)))
         return problems
-    files = expand(paths, root)
+    try:
+        files = expand(paths, root)
+    except SymlinkLoop as err:
+        return [(f"{field}.paths", str(err))]
     if not files:
         return [(f"{field}.paths", f"no file matches {[str(root / p) for p in paths]}")]
     problems = [(f"{field}.paths", msg) for p in files if (msg := _head_problem(p, kind))]

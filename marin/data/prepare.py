@@ -65,7 +65,10 @@ def cache_dir(cfg) -> Path:
 def _files(kind: str, paths, root: Path) -> list[Path]:
     if kind == "builtin":
         return []
-    files = [p for p in mixture.expand(paths, root) if p.is_file()]
+    try:
+        files = [p for p in mixture.expand(paths, root) if p.is_file()]
+    except mixture.SymlinkLoop as err:  # validation refuses it first; a tree changed since is refused here
+        raise UnreadableSource(str(err)) from None
     if not files:
         raise UnreadableSource(f"no file matches {[str(root / p) for p in paths]}")
     return files

@@ -15,7 +15,8 @@ new weights from the restored step: tag `data_mixture` ("<name> from step N (…
 
 `train.stop_after` belongs to one invocation: a resume runs to the end unless it is given again.
 A run whose newest checkpoint is already at its last step (or at this command's stop_after) is
-not re-run: one line says so, exit 0, nothing written.
+not re-run: one line says so, exit 0, nothing written. A run another process is training (its
+lock, marin.train.runlock) is refused in one line naming that process, before anything is written.
 Overrides that change the train state's structure (model shapes, optimizer tree) are refused
 before anything is written: no checkpoint could be restored into that state (use reproduce=).
 """
@@ -37,6 +38,7 @@ from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
 from marin.track import backend, record, secrets
 from marin.track.record import flatten
+from marin.train import runlock
 from marin.train.checkpoint import (
     CheckpointError,
     NoCheckpointError,
@@ -98,6 +100,20 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
         source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
         fail(f"resume: {err}")
+    took = False
+    if not dry_run:  # before anything is written: a run being trained is another process's (a dry run only reads)
+        try:
+            took = runlock.hold(source.run_dir, source.run_id)
+        except runlock.RunBusy as err:
+            fail(f"resume: {err}")
+    try:
+        _resume(source, new, dry_run, wait)
+    finally:
+        if took:
+            runlock.release(source.run_dir)
+
+
+def _resume(source, new: list[str], dry_run, wait: bool) -> None:
     earlier = source.info().get("resumes") or []
     carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED

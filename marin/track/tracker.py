@@ -26,6 +26,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from marin.config.store import shell_join
 from marin.track import backend, secrets, worker
 from marin.track import record as run_record
 from marin.track.errors import first_line
@@ -53,6 +54,13 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         except ValueError:
             continue
     return rows
+
+
+def catch_up_command(run_dir: str | Path) -> str:
+    """The command that sends what a run kept (`python -m marin.track.tracker <run dir>`), quoted
+    for the shell: it is printed to be pasted, and a run directory comes from `run.out_dir` and
+    `run.name`, which may hold `$(…)`, spaces or quotes."""
+    return shell_join(["python", "-m", "marin.track.tracker", str(run_dir)])
 
 
 def tracked_name(key: str) -> str:
@@ -253,8 +261,7 @@ class Tracker:
                              status_unsent=None if ended else status)
             if not ended:
                 log.warning("MLflow run %s still shows RUNNING: the store did not take its status %s; "
-                            "send it later with: python -m marin.track.tracker %s", self.record.run_id, status,
-                            self.run_dir)
+                            "send it later with: %s", self.record.run_id, status, catch_up_command(self.run_dir))
         if done.is_set():  # ended, left open on purpose, or its status kept unsent: no longer watched
             self._watching = False
             self._attempt_quietly(worker.release)
@@ -276,8 +283,8 @@ class Tracker:
         path = self.run_dir / UNSENT
         with path.open("a") as out:
             out.writelines(json.dumps({"key": k, "value": v, "timestamp": t, "step": s}) + "\n" for k, v, t, s in rows)
-        log.warning("%d metrics could not be sent; kept in %s (send later: python -m marin.track.tracker %s)",
-                    len(rows), path, self.run_dir)
+        log.warning("%d metrics could not be sent; kept in %s; send them later with: %s",
+                    len(rows), path, catch_up_command(self.run_dir))
 
     # ------------------------------------------------------------------ the sender thread
     def _serve(self) -> None:
@@ -378,8 +385,8 @@ class Tracker:
             self._connect()
             self._worker.call(worker.write_report, self.record)
         except Exception as err:  # a report is a convenience: the run's outcome stands without it
-            log.warning("run report not written (%s); once the store answers: python -m marin.track.tracker %s",
-                        secrets.mask(first_line(err)), self.run_dir)
+            log.warning("run report not written (%s); once the store answers: %s",
+                        secrets.mask(first_line(err)), catch_up_command(self.run_dir))
 
     def _away(self, err: Exception) -> None:
         if not self._outage:

@@ -169,6 +169,10 @@ def restore(cfg, state, start: Start):
     step 0 and optimizer state (the checkpoint's are dropped) and no data position."""
     restored, meta = restore_from(start.checkpoints, state, at_most=start.step)
     step = int(restored.step)
+    if cfg.fork and step != start.step:  # checkpoint start.step is damaged (its warning said so): the fork names it
+        raise InitFromError(f"fork: checkpoint {start.step} of {start.run_dir} could not be restored (see the "
+                            f"warning above); a fork restores exactly the step it names, not step {step}: "
+                            f"fork from a sound one")
     if cfg.train.init_from_mode == "weights":
         restored, meta = state.replace(params=restored.params, router_state=restored.router_state), None
     info = {"run_dir": str(start.run_dir), "step": step, "asked": start.asked, "mode": cfg.train.init_from_mode}

@@ -26,7 +26,8 @@ SIGUSR1 (`python -m marin.ctl checkpoint <run>`: `kill -USR1` on this machine, `
 boundary on every process, the loop writes, verifies and logs a checkpoint there and trains on.
 USR1 is free: submitit uses USR2 (NCCL caught USR1 only in 2.12, and only for a debug dump since).
 So that the tool can find the processes, each one writes `<run dir>/processes/<index>.json` (pid,
-host, start time, Slurm job) once its handlers are installed (`announce`) and removes it at the end.
+host, start time, Slurm job) once its handlers are installed (`announce`), holds it open while it
+trains (how `marin.ctl` tells the trainer from any other process) and removes it at the end.
 
 A hang is the watchdog's (marin/train/watchdog.py): it ends the process with `WATCHDOG_EXIT`.
 """
@@ -133,21 +134,49 @@ def poll(time_due: bool = False) -> tuple[int, Save]:
 def announce(run_dir: str | Path, process_index: int = 0) -> Path:
     """Write `<run_dir>/processes/<process_index>.json`: how `marin.ctl` finds and checks this
     process (pid, host, the kernel's start time of the pid: a reused pid does not match; the Slurm
-    job, signalled with scancel). Returns the file; `withdraw` removes it."""
+    job, signalled with scancel). The file stays open until `withdraw`, which removes it: a file
+    anyone can write proves nothing, but which process holds it open only the kernel says
+    (`holds`), so a stale or edited entry never names another program as the trainer."""
     path = Path(run_dir) / PROCESSES / f"{process_index}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     entry = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_start(os.getpid()),
              "slurm_job": os.environ.get("SLURM_JOB_ID") if under_slurm() else None}
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, json.dumps(entry).encode())
+    tmp.replace(path)  # the open descriptor follows the file to its name
+    _held[path] = fd
     return path
 
 
 def withdraw(path: Path | None) -> None:
-    """Remove an `announce`d file (the process is ending)."""
+    """Remove an `announce`d file and let it go (the process is ending)."""
     if path is not None:
         path.unlink(missing_ok=True)
+        fd = _held.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+
+_held: dict[Path, int] = {}  # announced files -> the descriptor kept open on each
+
+
+def holds(pid: int, path: Path) -> bool:
+    """Whether process `pid` (on this machine) has the file at `path` open: it is the process that
+    announced itself there (False where /proc or the process's descriptors cannot be read)."""
+    try:
+        target = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            held = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
 
 
 def process_start(pid: int) -> str | None:

@@ -32,7 +32,7 @@ from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
 from marin.track.tracker import SYSTEM_METRICS_S, Tracker
-from marin.train import init_from, preempt
+from marin.train import init_from, preempt, runlock
 from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
@@ -77,6 +77,7 @@ class Trainer:
                                system_metrics_s=SYSTEM_METRICS_S if cfg.tracking.system_metrics else None,
                                report=cfg.tracking.report)
         self.metrics = self.ckpt = self.loads = self.watchdog = self.announced = None
+        self.locked = False  # whether this Trainer took the run's lock (marin.train.runlock)
 
     def _made(self, wait: bool) -> None:
         """Once a new local run's MLflow run exists (`wait`: wait for it), say so; RunNotMade if
@@ -215,6 +216,11 @@ class Trainer:
         logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
         preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
         process = jax.process_index()
+        # One trainer per run (resume= took the lock already). Not under Slurm: a dead node's lock on
+        # a network file system outlives it by the lease, which would refuse the job's own requeue;
+        # a Slurm job is one already (resume= refuses a second while it is queued or running).
+        if process == 0 and not preempt.under_slurm():
+            self.locked = runlock.hold(rec.run_dir, getattr(rec, "run_id", None))
         self.announced = preempt.announce(rec.run_dir, process)  # marin.ctl finds this process here
         self.watchdog = Watchdog.from_config(cfg, process, jax.process_count(), rec.run_dir)  # restore, compile: slow allowance
         mesh = make_mesh(cfg)
@@ -279,6 +285,8 @@ class Trainer:
             if self.ckpt is not None:
                 self.ckpt.close()
         finally:
+            if self.locked:  # every checkpoint is written: another process may train the run now
+                runlock.release(self.rec.run_dir)
             if self.tracker is not None:
                 if ending is not None:
                     self.tracker.set_tags({"ended": ending.describe()})

@@ -148,3 +148,25 @@ def test_unknown_builtin_source_even_in_a_dry_run(files):
     msg = problems(files, [dict(name="a", kind="builtin", paths=["stdlb"], weights=[1.0])],
                    overrides=["dry_run=true"])
     assert msg["data.sources[0].paths"].startswith("unknown built-in source 'stdlb'")
+
+
+def test_a_symlink_loop_under_a_recursive_glob_is_refused_naming_the_link(files):
+    """`**` follows links to folders: a link back to a folder above it would read every file
+    below again at each level (41 times, until the path is too long), silently."""
+    (files / "d").mkdir()
+    write_jsonl(files / "d" / "c.jsonl", ["gamma " * 20] * 10)
+    (files / "d" / "loop").symlink_to("..")
+    msg = problems(files, [dict(name="a", kind="jsonl", paths=["d/**/*.jsonl"], weights=[1.0])])
+    assert "symbolic link loop" in msg["data.sources[0].paths"], msg
+    assert f"{files / 'd' / 'loop'} → {files.resolve()};" in msg["data.sources[0].paths"], msg
+
+
+def test_a_file_reached_twice_through_links_is_read_once(files):
+    """A link to a folder the pattern also reaches itself (`latest -> v3`): each file once, by the
+    first of its names."""
+    from marin.data.mixture import expand
+
+    (files / "v3").mkdir()
+    write_jsonl(files / "v3" / "c.jsonl", ["gamma " * 20] * 10)
+    (files / "latest").symlink_to("v3")
+    assert expand(["**/c.jsonl"], files) == [files / "latest" / "c.jsonl"]

@@ -106,8 +106,9 @@ def _listing(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
 
 
-def _copy_into_new_run(rec, tmp_path):
-    """A fresh run record with the same config and a copy of `rec`'s checkpoints (to damage)."""
+def _copy_into_new_run(rec, tmp_path, up_to: int | None = None):
+    """A fresh run record with the same config and a copy of `rec`'s checkpoints (to damage), those
+    at or below step `up_to` when given (an earlier test resumes `rec` to its end)."""
     import shutil
 
     from marin.launch.checks import load
@@ -117,7 +118,12 @@ def _copy_into_new_run(rec, tmp_path):
     overrides = record.RunRecord(rec.run_dir, rec.run_id, rec.tracking_uri, rec.experiment_name).overrides()
     composed, resolved = load(compose_dict(*overrides))
     copy = record.create(composed, resolved, overrides)
-    shutil.copytree(rec.run_dir / "checkpoints", copy.run_dir / "checkpoints")
+    source = rec.run_dir / "checkpoints"
+
+    def later(folder, names):  # step folders past up_to, not files within a step that have numbers for names
+        return [n for n in names if up_to is not None and Path(folder) == source and n.isdigit() and int(n) > up_to]
+
+    shutil.copytree(source, copy.run_dir / "checkpoints", ignore=later)
     return copy
 
 
@@ -216,3 +222,60 @@ def test_a_run_reference_reads_as_typed_even_when_it_looks_like_a_number():
     cfg = OmegaConf.create(compose_dict("model=micro", *typed))
     keep_run_references(cfg, typed)
     assert (cfg.resume, cfg.reproduce, cfg.fork, cfg.train.init_from) == ("12e4", "1e10", "1e5@3", "12e4")
+
+
+def test_a_second_resume_of_a_run_being_trained_is_refused_and_writes_nothing(stopped_run, tmp_path, capsys):
+    """Two `resume=` of one run at once: the first trains (here it hangs after its restore, holding
+    the run), the second is one line, exit 2, and leaves the run's files as they were."""
+    import time
+
+    from marin.launch.resume import resume
+    from marin.train.watchdog import HANG_MARKER
+
+    first_step = min(int(p.name) for p in (stopped_run.run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    copy = _copy_into_new_run(stopped_run, tmp_path, up_to=first_step)
+    first = subprocess.Popen([sys.executable, "launch.py", f"resume={copy.run_dir}", f"debug.hang_at_step={first_step + 1}"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (copy.run_dir / HANG_MARKER).exists():   # it restored its checkpoint and hangs
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.poll() is not None else "no hang"
+            time.sleep(0.5)
+        files = {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()}
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            resume([f"resume={copy.run_dir}"])
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 2 and out == "" and err.count("\n") == 1, out + err
+        assert f"is being trained by pid {first.pid} " in err and err.startswith("error: resume: "), err
+        assert {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()} == files   # nothing written
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_fork_from_a_damaged_checkpoint_is_refused_naming_the_sound_ones(stopped_run, tmp_path, capsys):
+    """fork=<run>@B with checkpoint B damaged: not a fork from A (the one before) under the name of
+    B, but one line naming the damaged step and the sound ones, exit 2; no new run, the parent's
+    files as they were. (A and B: the run's first two checkpoints, 3 and 6 until an earlier test
+    resumes it to its end.)"""
+    from omegaconf import OmegaConf
+
+    from marin.launch.fork import fork
+
+    a, b = sorted(int(p.name) for p in (stopped_run.run_dir / "checkpoints").iterdir() if p.name.isdigit())[:2]
+    copy = _copy_into_new_run(stopped_run, tmp_path, up_to=b)
+    victim = next(f for f in (copy.run_dir / "checkpoints" / str(b) / "meta").rglob("*")
+                  if f.is_file() and f.name != "commit_success.txt")
+    victim.write_bytes(victim.read_bytes().replace(str(b).encode(), str(b + 1).encode()))
+    runs = copy.run_dir.parent
+    before = (sorted(p.name for p in runs.iterdir()), {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()})
+    capsys.readouterr()
+    spec = f"{copy.run_dir}@{b}"
+    with signals_kept(), pytest.raises(SystemExit) as exit_:   # steps past b to train, whatever b is
+        fork(OmegaConf.create({"fork": spec, "dry_run": False}), [f"fork={spec}", "train.steps=40"])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and err.count("\n") == 1 and out == "", out + err
+    assert err.startswith("error: fork: ") and f"checkpoint {b} " in err and "damaged" in err and f"(sound: {a})" in err, err
+    assert (sorted(p.name for p in runs.iterdir()),
+            {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()}) == before   # nothing written

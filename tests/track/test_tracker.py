@@ -357,3 +357,25 @@ def test_system_metrics_are_logged_by_the_tracking_process_when_asked(configure,
     time.sleep(0.5)
     t.finish("FINISHED")
     assert not any(k.startswith("system/") for k in client.get_run(off.run_id).data.metrics)
+
+
+def test_the_printed_catch_up_command_is_shell_quoted(configure, store, caplog, tmp_path):
+    """A run directory holding `$(…)`: the command the tracker prints (send later with …) pastes into
+    a shell as that one path and runs nothing."""
+    import shlex
+    import shutil
+
+    real = record.create(*configure("run.name=trk-quote"))
+    hostile = tmp_path / "runs" / "x $(touch pwned) `touch pwned2` y"
+    shutil.copytree(real.run_dir, hostile)
+    t = tracker.Tracker(RunRecord(hostile, real.run_id, "http://127.0.0.1:9", real.experiment_name), flush_every_s=0.0)
+    with caplog.at_level(logging.WARNING, logger="marin.track"):
+        t.log_metrics({"train/loss": 1.0}, step=0)
+        t.finish("FINISHED")       # the store is away: the metric and the status wait, a command says how to send them
+    said = [r.getMessage() for r in caplog.records if "python -m marin.track.tracker " in r.getMessage()]
+    assert len(said) == 2, said
+    for message in said:
+        pasted = message.split("python -m marin.track.tracker ", 1)[1]
+        assert shlex.split(pasted) == [str(hostile)], message
+        subprocess.run(["bash", "-c", f": {pasted}"], cwd=tmp_path, check=True)   # as a user pastes it
+        assert not list(tmp_path.glob("pwned*")), message

@@ -42,16 +42,17 @@ def test_a_missing_run_is_one_line_exit_2(tmp_path, capsys):
 
 def test_a_run_whose_process_is_gone_or_reused_is_not_signalled(tmp_path, capsys):
     run_dir = fake_run(tmp_path)
-    preempt.announce(run_dir, 0)            # this test process, as if it were the run ...
-    entry = json.loads((run_dir / "processes" / "0.json").read_text())
+    announced = preempt.announce(run_dir, 0)   # this test process, as if it were the run ...
+    [entry] = ctl.listed(run_dir)
     assert ctl.alive_here(entry)
     entry["started"] = str(int(entry["started"]) + 1)   # ... but its pid now belongs to another process
-    (run_dir / "processes" / "0.json").write_text(json.dumps(entry))
+    (run_dir / "processes" / "0.json").write_text(json.dumps({k: v for k, v in entry.items() if k != "path"}))
     old = signal.signal(signal.SIGUSR1, lambda *a: pytest.fail("a reused pid was signalled"))
     try:
         code, out, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
     finally:
         signal.signal(signal.SIGUSR1, old)
+        preempt.withdraw(announced)
     assert code == 2 and "no running process" in err and err.count("\n") == 1, err
 
 
@@ -114,3 +115,25 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
     assert not list((run_dir / "processes").iterdir())   # gone with the run ...
     code, _, err = ctl_main("checkpoint", str(run_dir), capsys=capfd)
     assert code == 2 and "no running process" in err  # ... so a finished run is not signalled
+
+
+def test_a_listed_process_that_is_not_the_runs_trainer_is_not_signalled(tmp_path, capsys):
+    """processes/0.json naming another program (its pid, host and start time all true: a stale or
+    edited entry on a finished run) is refused: only a process that holds the run's entry open
+    (preempt.announce keeps it) is its trainer."""
+    import socket
+    import subprocess
+
+    run_dir = fake_run(tmp_path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (run_dir / "processes").mkdir()
+        (run_dir / "processes" / "0.json").write_text(json.dumps(
+            {"pid": sleeper.pid, "host": socket.gethostname(), "started": preempt.process_start(sleeper.pid),
+             "slurm_job": None}))
+        code, out, err = ctl_main("checkpoint", str(run_dir), capsys=capsys)
+        assert code == 2 and out == "" and "no running process" in err and err.count("\n") == 1, err
+        assert sleeper.poll() is None, "marin.ctl signalled a process that is not the run's trainer"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
