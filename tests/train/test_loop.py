@@ -91,6 +91,37 @@ def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
     assert report.stat().st_mtime_ns == written
 
 
+def test_a_stopped_run_shows_stopped_at_n_of_its_last_step_everywhere(tmp_path, capsys):
+    """train.stop_after=3 of 6 is STOPPED 3/6 in marin.status, the report and MLflow's `ended`
+    tag (not FINISHED 3/3); a resume to stop_after=5 is STOPPED 5/6 (not 5/3: MLflow keeps the
+    first invocation's train.stop_after param); a resume to the end is FINISHED 6/6."""
+    from marin import status
+    from marin.train.loop import train
+
+    cfg, rec = start(tmp_path, "train.steps=6", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32",
+                     "tracking.report=true")
+    train(cfg, rec)
+
+    def shown() -> tuple[str, str, str, str]:
+        """(state, N/M) in marin.status's row, the report's state and steps cells."""
+        capsys.readouterr()
+        assert status.main([str(rec.run_dir)]) == 0
+        row = capsys.readouterr().out.splitlines()[2].split()  # run <dir>; the head; the run's row
+        page = (rec.run_dir / "report.html").read_text()
+        cell = lambda name: re.search(rf"<tr><td>{name}</td><td>([^<]*)</td>", page).group(1)  # noqa: E731
+        return row[1], row[2], cell("state"), cell("steps")
+
+    client = MlflowClient(rec.tracking_uri)
+    assert shown() == ("STOPPED", "3/6", "STOPPED (stopped at step 3 of 6 (train.stop_after))", "3 / 6")
+    assert client.get_run(rec.run_id).data.tags["ended"] == "stopped at step 3 of 6 (train.stop_after)"
+    assert launch_here(f"resume={rec.run_dir}", "train.stop_after=5") == 0
+    assert shown() == ("STOPPED", "5/6", "STOPPED (stopped at step 5 of 6 (train.stop_after))", "5 / 6")
+    assert client.get_run(rec.run_id).data.tags["ended"] == "stopped at step 5 of 6 (train.stop_after)"
+    assert launch_here(f"resume={rec.run_dir}") == 0
+    assert shown() == ("FINISHED", "6/6", "FINISHED (finished at step 6 of 6)", "6 / 6")
+    assert client.get_run(rec.run_id).info.status == "FINISHED"
+
+
 def test_resume_of_a_finished_run_says_so_and_runs_nothing(tmp_path_factory, capsys):
     from tests.trained import tiny_run
 
