@@ -242,3 +242,35 @@ def test_a_local_run_keeps_mlflow_out_of_the_training_process(tmp_path):
     assert imported == "False"
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "FINISHED" and "train/loss" in run.data.metrics
+
+
+def test_no_silent_minute_between_the_run_directory_and_the_first_step(tmp_path, capsys, monkeypatch):
+    """A new run says each phase before its first step with its seconds (initialising, compiling
+    the train step, compiling eval), and its MLflow run's line as soon as the run exists: here
+    before the state is initialised, not after the first step. The line is said once."""
+    import time
+
+    from marin.train import trainer
+
+    said_when_made = []
+    setup = trainer.Trainer._setup
+
+    def setup_once_made(self):
+        self.registering.result()  # the MLflow run exists: its line is due now (polled: another thread says it)
+        run_log = self.rec.run_dir / "run.log"
+        deadline = time.monotonic() + 20
+        while "mlflow run: " not in run_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        said_when_made.append("mlflow run: " in run_log.read_text())
+        return setup(self)
+
+    monkeypatch.setattr(trainer.Trainer, "_setup", setup_once_made)
+    assert launch_here(*TINY, "train.steps=2", "train.seq_len=32", f"run.out_dir={tmp_path}",
+                       f"tracking.uri={new_store(tmp_path)}") == 0
+    assert said_when_made == [True]
+    err = capsys.readouterr().err
+    assert err.count("mlflow run: ") == 1, err
+    before_bar = err[err.index("run directory: "):err.index("step/s")]
+    phases = re.findall(r"^(initialising the state|compiling the train step|compiling eval)… \d+\.\d s$",
+                        before_bar, re.M)
+    assert phases == ["initialising the state", "compiling the train step", "compiling eval"], err
