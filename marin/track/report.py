@@ -455,8 +455,10 @@ def sweep_html(client, parent) -> str:
             losses[label] = loss
         if macro is not None:
             evals[label] = macro
-        rows.append((label, " ".join(overrides) or "–", kid.info.status,
-                     int(loss[0][-1]) if loss is not None else "–", _num(_final(loss)), _num(_final(macro)),
+        last = runstate.last_step(kid.data.params, kid.data.tags)  # N / M, as marin.status shows a job
+        steps = int(loss[0][-1]) if loss is not None else "–"
+        rows.append((label, " ".join(overrides) or "–", runstate.state(kid.info.status, kid.data.tags),
+                     f"{steps} / {last}" if last else steps, _num(_final(loss)), _num(_final(macro)),
                      _num(_median_late(tps), ",.0f"), kid.info.run_id))
     jobs = _table(rows, ("job", "overrides", "state", "steps", "train loss", "eval/macro_loss", "tokens/s", "run id"))
     summary = [("sweep", f"{tags.get('sweep')} ({tags.get('sweep_id')})"),
