@@ -25,7 +25,7 @@ from pathlib import Path
 
 from marin import lineage
 from marin.cli import Parser, fail
-from marin.track import backend, record, refs, sweep
+from marin.track import backend, record, refs, runstate, sweep
 from marin.track.errors import first_line
 
 SLURM_FAILED = ("CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "FAILED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
@@ -43,7 +43,7 @@ class Job:
     slurm_state: str | None
     step: int | None      # steps done (the last logged step: optimizer step n logs at n)
     loss: float | None
-    total: int | None = None  # the steps it will run (train.stop_after or train.steps)
+    total: int | None = None  # the run's last step (its horizon; train.stop_after stops short of it)
     eval_loss: float | None = None
     restarts: int = 0     # the job requeued itself after a task died (marin/launch/restarts.py)
 
@@ -94,14 +94,6 @@ def _latest(client, run_id: str, key: str) -> tuple[int | None, float | None]:
     return last.step, last.value
 
 
-def _total(params: dict) -> int | None:
-    """The steps a run will take, from its logged config."""
-    for key in ("train.stop_after", "schedule.horizon_steps", "train.steps"):
-        if str(params.get(key, "None")).isdigit():
-            return int(params[key])
-    return None
-
-
 def job_row(client, run, label: str, states: dict[str, str]) -> Job:
     """One run's row; a run whose Slurm job ended badly while MLflow says RUNNING is marked FAILED,
     one whose job has not started shows PENDING."""
@@ -115,7 +107,8 @@ def job_row(client, run, label: str, states: dict[str, str]) -> Job:
     elif slurm_state == "PENDING" and status not in sweep.TERMINAL:
         status = "PENDING"  # submitted (its MLflow run made at submit time), not started
     step, loss = _latest(client, run_id, LOSS)
-    return Job(run_id, label, status, slurm_job, slurm_state, step, loss, _total(run.data.params),
+    status = runstate.state(status, run.data.tags)  # STOPPED: train.stop_after ended it short
+    return Job(run_id, label, status, slurm_job, slurm_state, step, loss, runstate.last_step(run.data.params, run.data.tags),
                run.data.metrics.get(EVAL_LOSS), int(run.data.tags.get("restarts") or 0))
 
 

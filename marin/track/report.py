@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marin.track import backend, expert_load, record, secrets, sweep
+from marin.track import backend, expert_load, record, runstate, secrets, sweep
 
 REPORT = "report.html"
 # The forecast hook: a run that has these metrics (logged by whoever registers a forecast for it,
@@ -370,12 +370,11 @@ def run_html(client, run, run_dir: Path | None) -> str:
         dropped = {-1: history(client, run_id, "train/dropped_frac")}  # only the mean was logged
 
     loss = series.get("train/loss")
-    total = next((params[k] for k in ("schedule.horizon_steps", "train.steps")  # N / M: stop_after stops short of M
-                  if str(params.get(k, "None")).isdigit()), "?")
+    total = runstate.last_step(params, tags) or "?"  # N / M: stop_after stops short of M
     overrides = json.loads(tags.get("overrides", "[]") or "[]")
     summary = [
         ("run", f"{run.info.run_name} ({run_id})"),
-        ("state", run.info.status + (f" ({tags['ended']})" if tags.get("ended") else "")),  # how it ended (trainer)
+        ("state", runstate.state(run.info.status, tags) + (f" ({tags['ended']})" if tags.get("ended") else "")),  # how it ended (trainer)
         ("started / ended", f"{_when(run.info.start_time) or '–'} / {_when(run.info.end_time) or '–'}"),
         ("steps", f"{int(loss[0][-1]) if loss is not None else '–'} / {total}"),
         ("final train loss", _num(_final(loss))),
@@ -456,8 +455,10 @@ def sweep_html(client, parent) -> str:
             losses[label] = loss
         if macro is not None:
             evals[label] = macro
-        rows.append((label, " ".join(overrides) or "–", kid.info.status,
-                     int(loss[0][-1]) if loss is not None else "–", _num(_final(loss)), _num(_final(macro)),
+        last = runstate.last_step(kid.data.params, kid.data.tags)  # N / M, as marin.status shows a job
+        steps = int(loss[0][-1]) if loss is not None else "–"
+        rows.append((label, " ".join(overrides) or "–", runstate.state(kid.info.status, kid.data.tags),
+                     f"{steps} / {last}" if last else steps, _num(_final(loss)), _num(_final(macro)),
                      _num(_median_late(tps), ",.0f"), kid.info.run_id))
     jobs = _table(rows, ("job", "overrides", "state", "steps", "train loss", "eval/macro_loss", "tokens/s", "run id"))
     summary = [("sweep", f"{tags.get('sweep')} ({tags.get('sweep_id')})"),

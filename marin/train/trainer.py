@@ -21,6 +21,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 from marin.config.paths import project_path
 from marin.data.loader import Loader
@@ -65,8 +67,9 @@ class RunNotMade(RuntimeError):
 class Trainer:
     """Trains the run of `rec` (a RunRecord). A new local run passes its prepared directory
     (record.Draft) as `rec` and the Future of its MLflow run as `registering`: the tracking
-    process makes that run while JAX starts and compiles the first step; the loop waits for it
-    once that step is dispatched, so its line comes before the progress bar, printed once."""
+    process makes that run while JAX starts and compiles the steps; its line is printed once, as
+    soon as it exists (from the tracking call's thread), and before the progress bar (the loop
+    waits for it once the first step is dispatched)."""
 
     def __init__(self, cfg, rec, loader=None, on_restored=None, registering=None):
         import jax
@@ -78,6 +81,32 @@ class Trainer:
                                report=cfg.tracking.report)
         self.metrics = self.ckpt = self.loads = self.watchdog = self.announced = None
         self.locked = False  # whether this Trainer took the run's lock (marin.train.runlock)
+        self._saying, self._said = threading.Lock(), False  # the MLflow run's line: once, whoever comes first
+        if registering is not None:
+            registering.add_done_callback(self._say_made)
+
+    def _say_made(self, future) -> None:
+        """Say the new MLflow run's line once it is made: called in the thread that made it (not
+        after the first step: the compile can take minutes) and by `_made`. The lock is held while
+        printing, so the progress bar cannot start before the line is out."""
+        if future.exception() is not None:  # not made: _made says why (RunNotMade)
+            return
+        with self._saying:
+            if self._said:
+                return
+            self._said = True
+            rec = future.result()
+            line = f"mlflow run: {rec.run_id} ({record.mlflow_link(rec)})"  # a server's: the run's page
+            if self.metrics is not None:
+                self.metrics.write(line)  # above the progress bar
+            else:
+                say(line)
+
+    def _phase_done(self, what: str, began: float) -> None:
+        """One line per phase before the first step, with its seconds: no silent minute between
+        `run directory:` and the progress bar."""
+        if self.tracker.enabled:
+            say(f"{what}… {time.perf_counter() - began:.1f} s")
 
     def _made(self, wait: bool) -> None:
         """Once a new local run's MLflow run exists (`wait`: wait for it), say so; RunNotMade if
@@ -89,11 +118,7 @@ class Trainer:
             self.rec = record.made(future.result(), self.rec)
         except Exception as err:  # noqa: BLE001 — one line for the user, not a traceback
             raise RunNotMade(first_line(err)) from None
-        line = f"mlflow run: {self.rec.run_id} ({record.mlflow_link(self.rec)})"  # a server's: the run's page
-        if self.metrics is not None:
-            self.metrics.write(line)  # above the progress bar
-        else:
-            say(line)
+        self._say_made(future)  # if the callback has not yet
 
     def fit(self) -> dict:
         """Train to the end (or `train.stop_after`); returns {step, loss, eval losses}."""
@@ -147,7 +172,7 @@ class Trainer:
 
     def _loop(self, state):
         batch = self.to_global(self.loader.batch(self.start))
-        self._compile_together(state, batch)
+        self._compile(state, batch)
         for step in range(self.start, self.stop):
             n = step + 1
             hang_if_asked(self.cfg, n, self.rec.run_dir)  # debug.hang_at_step: the watchdog's test
@@ -172,15 +197,20 @@ class Trainer:
                 self._stop(signum, n)
         return state
 
-    def _compile_together(self, state, batch) -> None:
-        """A job of several processes compiles both steps here (their calls reuse these
-        executables), then every process waits for the others (marin.train.barrier): one whose
-        compile lagged must not leave the first step's collectives waiting past gloo's 30 s."""
+    def _compile(self, state, batch) -> None:
+        """Both steps compiled here, each timed on its own line (their calls reuse these
+        executables: nothing compiles in the loop). A job of several processes then waits for the
+        others (marin.train.barrier): one whose compile lagged must not leave the first step's
+        collectives waiting past gloo's 30 s."""
         import jax
 
+        began = time.perf_counter()
+        self.train_step.lower(state, batch, self.hp).compile()
+        self._phase_done("compiling the train step", began)
+        began = time.perf_counter()
+        self.evaluator.eval_step.lower(state, batch).compile()  # eval batches: the same shapes
+        self._phase_done("compiling eval", began)
         if jax.process_count() > 1:
-            self.train_step.lower(state, batch, self.hp).compile()
-            self.evaluator.eval_step.lower(state, batch).compile()  # eval batches: the same shapes
             meet("compiled", self.cfg.hardware.init_timeout_s)
 
     def _stop(self, signum: int, n: int) -> None:
@@ -212,6 +242,7 @@ class Trainer:
 
 
         cfg, rec = self.cfg, self.rec
+        began = time.perf_counter()
         enable_compilation_cache(cfg)
         logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save step at INFO
         preempt.install(cfg.hardware.max_requeues)  # from here a signal checkpoints at the next step
@@ -256,8 +287,10 @@ class Trainer:
                     f"{k}: {a} → {b}" for k, (a, b) in initialised_from["changes"].items())[:4000] or "none"})
         if self.on_restored is not None:
             self.on_restored(int(state.step))
+        self._phase_done("initialising the state" + (f" (restored step {int(state.step)})" if restored is not None else ""),
+                         began)
 
-        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled at their first call (or _compile_together)
+        self.train_step, eval_step = jit_steps(cfg, tx, mesh, shardings)  # compiled by _compile
         if initialised_from is not None:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants

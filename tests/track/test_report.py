@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -201,6 +202,9 @@ def test_a_sweeps_jobs_side_by_side(run, tmp_path, capsys):
         for step in range(3):
             client.log_metric(kid, "train/loss", 5 - step * float(lr) * 100, step=step)
         client.log_metric(kid, "eval/macro_loss", 4.5, step=3)
+        if lr == "3e-3":  # stopped by train.stop_after at 2 of 6: STOPPED 2 / 6, as marin.status says
+            client.log_param(kid, "train.steps", "6")
+            client.set_tag(kid, "ended", "stopped at step 2 of 6 (train.stop_after)")
         client.set_terminated(kid, "FINISHED")
     out_dir = rec.run_dir.parent.parent
     assert report.main([parent, "--tracking-uri", rec.tracking_uri, "--out-dir", str(out_dir)]) == 0
@@ -210,6 +214,8 @@ def test_a_sweeps_jobs_side_by_side(run, tmp_path, capsys):
     assert {"summary", "jobs", "losses", "eval-losses"} <= set(page.sections)
     text = "".join(page.text)
     assert "lr=1e-3" in text and "lr=3e-3" in text and "optim.lr=3e-3" in text
+    rows = re.findall(r"<tr><td>(lr=[^<]*)</td><td>[^<]*</td><td>([^<]*)</td><td>([^<]*)</td>", open(path).read())
+    assert sorted(rows) == [("lr=1e-3", "FINISHED", "2"), ("lr=3e-3", "STOPPED", "2 / 6")], rows
     check_self_contained(page)
     assert track_report.REPORT in {a.path for a in client.list_artifacts(parent)}
 

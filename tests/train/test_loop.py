@@ -91,6 +91,37 @@ def test_stop_after_says_where_it_stopped_and_how_to_go_on(tmp_path, capsys):
     assert report.stat().st_mtime_ns == written
 
 
+def test_a_stopped_run_shows_stopped_at_n_of_its_last_step_everywhere(tmp_path, capsys):
+    """train.stop_after=3 of 6 is STOPPED 3/6 in marin.status, the report and MLflow's `ended`
+    tag (not FINISHED 3/3); a resume to stop_after=5 is STOPPED 5/6 (not 5/3: MLflow keeps the
+    first invocation's train.stop_after param); a resume to the end is FINISHED 6/6."""
+    from marin import status
+    from marin.train.loop import train
+
+    cfg, rec = start(tmp_path, "train.steps=6", "train.stop_after=3", "train.eval_every=0", "train.seq_len=32",
+                     "tracking.report=true")
+    train(cfg, rec)
+
+    def shown() -> tuple[str, str, str, str]:
+        """(state, N/M) in marin.status's row, the report's state and steps cells."""
+        capsys.readouterr()
+        assert status.main([str(rec.run_dir)]) == 0
+        row = capsys.readouterr().out.splitlines()[2].split()  # run <dir>; the head; the run's row
+        page = (rec.run_dir / "report.html").read_text()
+        cell = lambda name: re.search(rf"<tr><td>{name}</td><td>([^<]*)</td>", page).group(1)  # noqa: E731
+        return row[1], row[2], cell("state"), cell("steps")
+
+    client = MlflowClient(rec.tracking_uri)
+    assert shown() == ("STOPPED", "3/6", "STOPPED (stopped at step 3 of 6 (train.stop_after))", "3 / 6")
+    assert client.get_run(rec.run_id).data.tags["ended"] == "stopped at step 3 of 6 (train.stop_after)"
+    assert launch_here(f"resume={rec.run_dir}", "train.stop_after=5") == 0
+    assert shown() == ("STOPPED", "5/6", "STOPPED (stopped at step 5 of 6 (train.stop_after))", "5 / 6")
+    assert client.get_run(rec.run_id).data.tags["ended"] == "stopped at step 5 of 6 (train.stop_after)"
+    assert launch_here(f"resume={rec.run_dir}") == 0
+    assert shown() == ("FINISHED", "6/6", "FINISHED (finished at step 6 of 6)", "6 / 6")
+    assert client.get_run(rec.run_id).info.status == "FINISHED"
+
+
 def test_resume_of_a_finished_run_says_so_and_runs_nothing(tmp_path_factory, capsys):
     from tests.trained import tiny_run
 
@@ -211,3 +242,35 @@ def test_a_local_run_keeps_mlflow_out_of_the_training_process(tmp_path):
     assert imported == "False"
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "FINISHED" and "train/loss" in run.data.metrics
+
+
+def test_no_silent_minute_between_the_run_directory_and_the_first_step(tmp_path, capsys, monkeypatch):
+    """A new run says each phase before its first step with its seconds (initialising, compiling
+    the train step, compiling eval), and its MLflow run's line as soon as the run exists: here
+    before the state is initialised, not after the first step. The line is said once."""
+    import time
+
+    from marin.train import trainer
+
+    said_when_made = []
+    setup = trainer.Trainer._setup
+
+    def setup_once_made(self):
+        self.registering.result()  # the MLflow run exists: its line is due now (polled: another thread says it)
+        run_log = self.rec.run_dir / "run.log"
+        deadline = time.monotonic() + 20
+        while "mlflow run: " not in run_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        said_when_made.append("mlflow run: " in run_log.read_text())
+        return setup(self)
+
+    monkeypatch.setattr(trainer.Trainer, "_setup", setup_once_made)
+    assert launch_here(*TINY, "train.steps=2", "train.seq_len=32", f"run.out_dir={tmp_path}",
+                       f"tracking.uri={new_store(tmp_path)}") == 0
+    assert said_when_made == [True]
+    err = capsys.readouterr().err
+    assert err.count("mlflow run: ") == 1, err
+    before_bar = err[err.index("run directory: "):err.index("step/s")]
+    phases = re.findall(r"^(initialising the state|compiling the train step|compiling eval)… \d+\.\d s$",
+                        before_bar, re.M)
+    assert phases == ["initialising the state", "compiling the train step", "compiling eval"], err
