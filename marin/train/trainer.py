@@ -360,6 +360,22 @@ def _import_in_background(module: str) -> None:
         threading.Thread(target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True).start()
 
 
+def unsafe_cache_folder(path: str) -> str | None:
+    """Why a compilation cache folder may have been written by someone else (None: it may not):
+    owned by another user than this one (or root), or writable by group or others (a sticky bit does
+    not help: another user could still create the entry a key names). A folder not made yet is
+    made by JAX with this process's umask."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if st.st_uid not in (os.getuid(), 0):
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"writable by others (mode {oct(st.st_mode & 0o777)})"
+    return None
+
+
 def enable_compilation_cache(cfg) -> None:
     """JAX's persistent compilation cache (the one cross-process compile cache): a repeated run
     skips XLA's compilation. Every program is cached (thresholds 0: a tiny run's start is mostly
@@ -367,6 +383,12 @@ def enable_compilation_cache(cfg) -> None:
     import jax
 
     path = os.environ.get("MARIN_JAX_CACHE") or str(project_path(cfg.run.out_dir) / "cache" / "jax")
+    unsafe = unsafe_cache_folder(path)
+    if unsafe:
+        log.warning("compilation cache %s not used: %s; its entries are machine code this process would run "
+                    "(chmod go-w it, or set MARIN_JAX_CACHE to a folder of your own)", path, unsafe)
+        jax.config.update("jax_compilation_cache_dir", None)
+        return
     jax.config.update("jax_compilation_cache_dir", path)
     for option in ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes"):
         if option.upper() not in os.environ:

@@ -87,3 +87,27 @@ def test_the_environments_cache_thresholds_win_over_marins(monkeypatch, tmp_path
     finally:
         for name, value in before.items():
             jax.config.update(name, value)
+
+
+def test_a_cache_folder_others_can_write_is_not_used(monkeypatch, tmp_path, caplog):
+    """A compilation cache holds machine code this process would run: a folder that another user
+    could have written to (world- or group-writable) is not used, and one
+    log line says why (issue 42's probe: such a folder was loaded silently)."""
+    from marin.train.trainer import enable_compilation_cache
+
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    cfg = make_config("model=micro", f"run.out_dir={tmp_path}")
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        monkeypatch.setenv("MARIN_JAX_CACHE", str(shared))
+        with caplog.at_level(logging.WARNING):
+            enable_compilation_cache(cfg)
+        assert jax.config.jax_compilation_cache_dir != str(shared)
+        assert [r for r in caplog.records if str(shared) in r.getMessage() and "0o777" in r.getMessage()]
+        shared.chmod(0o755)   # the owner's alone: used
+        enable_compilation_cache(cfg)
+        assert jax.config.jax_compilation_cache_dir == str(shared)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
