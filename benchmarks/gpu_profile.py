@@ -73,7 +73,7 @@ def hlo_index(text: str) -> dict[str, tuple[str, str]]:
     return index
 
 
-def part_of(op_name: str, vocab: int) -> str:
+def part_of(op_name: str) -> str:
     for part, pattern in PARTS:
         if pattern.search(op_name):
             return part
@@ -101,7 +101,7 @@ def _events(path: str):
                     yield event.name, str(stats["hlo_op"]), float(event.duration_ns)
 
 
-def profile_step(run_one, hlo_text: str, vocab: int, top: int = 20) -> dict:
+def profile_step(run_one, hlo_text: str, top: int = 20) -> dict:
     """Profile one call of run_one() (one train step); its kernel time by part and by class."""
     import jax
     folder = tempfile.mkdtemp(prefix="marin_gpu_profile_")
@@ -122,7 +122,7 @@ def profile_step(run_one, hlo_text: str, vocab: int, top: int = 20) -> dict:
             continue
         if not op_name:
             unmatched += ns
-        part = part_of(op_name, vocab)
+        part = part_of(op_name)
         by_part[part] += ns
         by_class[kernel_class(kernel, opcode)] += ns
         row = by_op[hlo_op]

@@ -88,5 +88,5 @@ def measure(cfg, spec: dict) -> dict:
     }
     if spec.get("profile"):
         from gpu_profile import profile_step
-        result["profile"] = profile_step(one, compiled.as_text(), cfg.model.vocab_size)
+        result["profile"] = profile_step(one, compiled.as_text())
     return result
