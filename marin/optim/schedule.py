@@ -5,11 +5,14 @@ The multiplier of the peak lr is a pure function of the step and the resolved co
 piecewise-linear curve through a few breakpoints — so a resumed run recomputes the same values
 and a changed horizon needs no schedule state:
 
-    (0, 1/W) … (W−1, 1)                 linear warmup over W = max(1, int(warmup_frac·steps))
-    (W−1, 1) … (H−1, final_ratio)       linear decay; H = schedule.horizon_steps or train.steps
+    (0, 0) … (W, 1)                     linear warmup over W = max(1, int(warmup_frac·steps))
+    (W, 1) … (H−1, final_ratio)         linear decay; H = schedule.horizon_steps or train.steps
 
-The first step already moves (lr(0) = peak/W rather than 0). Past H−1 the lr stays at
-final_ratio·peak.
+As production (spec §9, Levanter's warmup = optax.linear_schedule(0, peak, W)): lr(0) = 0, so
+the first update moves only the optimizer's moments, and the peak is reached at step W. Past
+H−1 the lr stays at final_ratio·peak. (The curve is interpolated from breakpoints rather than
+built from optax's schedules so that its numbers can be inputs of the compiled step:
+`interp_schedule`; tests/optim/test_schedule.py compares it with optax's at 0 and W.)
 
 Shortening the horizon mid-run (the failure plan): with `schedule.horizon_from_step = s0` the
 curve follows the original plan (decay to step train.steps−1) up to s0 and from there decays
@@ -41,11 +44,8 @@ def breakpoints(cfg: Config) -> tuple[list[float], list[float]]:
 def warmup_linear(cfg: Config) -> tuple[list[float], list[float]]:
     """Linear warmup to peak, then linear decay to final_ratio at the horizon (module docstring)."""
     s, steps = cfg.schedule, cfg.train.steps
-    warmup = warmup_steps(cfg)
-    peak_step = warmup - 1
-    xs, ys = ([0.0], [1.0 / warmup]) if warmup > 1 else ([], [])
-    xs.append(float(peak_step))
-    ys.append(1.0)
+    peak_step = warmup_steps(cfg)   # W ≥ 1
+    xs, ys = [0.0, float(peak_step)], [0.0, 1.0]
 
     last = (s.horizon_steps or steps) - 1
     start = s.horizon_from_step

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from marin.optim import lr_at
@@ -18,20 +19,27 @@ def curve(cfg, steps):
 
 def test_warmup_peak_and_final():
     cfg = config(steps=1000, lr=PEAK, warmup_frac=0.01, final_ratio=0.05)  # 10 warmup steps
-    warm = curve(cfg, range(10))
-    np.testing.assert_allclose(warm, PEAK * np.arange(1, 11) / 10, rtol=1e-6)
-    assert lr_at(cfg, 9)["adamw"] == pytest.approx(PEAK)
+    W = warmup_steps(cfg)
+    warm = curve(cfg, range(W + 1))
+    np.testing.assert_allclose(warm, PEAK * np.arange(W + 1) / W, rtol=1e-6)
     assert lr_at(cfg, 999)["adamw"] == pytest.approx(0.05 * PEAK)
     assert lr_at(cfg, 5000)["adamw"] == pytest.approx(0.05 * PEAK)  # past the end: stays final
-    decay = curve(cfg, range(9, 1000))
+    decay = curve(cfg, range(W, 1000))
     assert np.all(np.diff(decay) < 0)
     np.testing.assert_allclose(np.diff(decay, 2), 0, atol=1e-12)  # linear
 
 
-def test_at_least_one_warmup_step():
-    cfg = config(steps=20, lr=PEAK, warmup_frac=0.01)
-    assert lr_at(cfg, 0)["adamw"] == pytest.approx(PEAK)
-    assert lr_at(cfg, 19)["adamw"] == pytest.approx(0.05 * PEAK)
+@pytest.mark.parametrize("steps, warmup_frac", [(1000, 0.01), (390_251, 0.01), (20, 0.01), (200, 0.05)])
+def test_lr_is_zero_at_step_0_and_peaks_at_step_w_as_optax_warmup(steps, warmup_frac):
+    """Production's warmup (spec §9): lr(0) = 0, the peak at step W, as optax's linear warmup."""
+    cfg = config(steps=steps, lr=PEAK, warmup_frac=warmup_frac)
+    W = warmup_steps(cfg)
+    assert W >= 1
+    warm = optax.linear_schedule(0.0, PEAK, W)
+    assert lr_at(cfg, 0)["adamw"] == float(warm(0)) == 0.0
+    assert lr_at(cfg, W)["adamw"] == pytest.approx(float(warm(W))) == pytest.approx(PEAK)
+    assert lr_at(cfg, W - 1)["adamw"] < PEAK and lr_at(cfg, W + 1)["adamw"] < PEAK
+    assert lr_at(cfg, steps - 1)["adamw"] == pytest.approx(0.05 * PEAK)
 
 
 def test_horizon_reslopes_decay():
@@ -39,7 +47,7 @@ def test_horizon_reslopes_decay():
     full = config(steps=1000, lr=PEAK)
     np.testing.assert_allclose(curve(cfg, range(10)), curve(full, range(10)))  # warmup unchanged
     assert lr_at(cfg, 749)["adamw"] == pytest.approx(0.05 * PEAK)
-    mid = (9 + 749) / 2
+    mid = (warmup_steps(cfg) + 749) / 2
     assert lr_at(cfg, mid)["adamw"] == pytest.approx(PEAK * (1 + 0.05) / 2)
     assert lr_at(cfg, 500)["adamw"] < lr_at(full, 500)["adamw"]
 
@@ -80,6 +88,7 @@ def test_hero_warmup_and_phase_boundary_follow_productions_rule():
     hero = make_config("experiment=mochi_535b_a23b", "dry_run=true")
     assert hero.train.steps == 390_251
     assert derive.warmup_steps(hero) == warmup_steps(hero) == 3_902
+    assert lr_at(hero, 0)["adam"] == 0.0 and lr_at(hero, 3_902)["adam"] == pytest.approx(hero.optim.lr)
     assert derive.phase_step_multiple(hero) == 48
     assert derive.phase_boundary_steps(hero) == [312_192]
     for rung, batch in (("d768", 1024), ("d1024", 2048), ("d1536", 6144), ("d2048", 11264)):
