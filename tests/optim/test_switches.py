@@ -29,7 +29,7 @@ def _muonh_update(**optim):
     params = {"layers": {"attn": {"wq": w}}}
     grads = {"layers": {"attn": {"wq": jax.random.normal(jax.random.key(2), w.shape)}}}
     update = jax.jit(lambda g, s: opt.update(g, s, params)[0])
-    state = opt.init(params)
+    state = opt.update(grads, opt.init(params), params)[1]   # step 1: past lr(0) = 0 (the warmup's start)
     return update(grads, state)["layers"]["attn"]["wq"], jax.make_jaxpr(update)(grads, state)
 
 
