@@ -5,7 +5,10 @@ pending betas —, the step, and an RNG key if the state has one) plus a small J
 data position, MLflow run id, horizon and the RNG seed (filled in by `save` when the loop does
 not give them). Orbax writes each step into a temporary directory and renames it when every
 process has finished, so a half-written checkpoint is never listed, let alone restored.
-Retention: the last `keep_last`, every multiple of `permanent_every` and every forced checkpoint, forever.
+Retention: the last `keep_last`, and forever every permanent one (each multiple of `permanent_every`,
+each of `permanent_steps`) and every forced one. Permanence is written into the checkpoint's meta
+("permanent", like "forced"), so a later config (a resume with another cadence or horizon) never
+deletes it: a checkpoint is the user's data.
 
 Integrity (marin/train/manifest.py): once orbax has committed a step, every process hashes the
 files it wrote, on a thread pool in the background, into `manifest.<process>.json`; the step's
@@ -94,7 +97,8 @@ class _KeepNewestSealed:
 @dataclasses.dataclass
 class _KeepForced:
     """Orbax preservation rule: a forced checkpoint (`marin.ctl checkpoint`, meta "forced") is kept:
-    someone asked for that step (a fork point, an A/B's start), so rolling retention never takes it."""
+    someone asked for that step (a fork point, an A/B's start), so rolling retention never takes it;
+    so is one written as permanent (meta "permanent"), whatever the config says now."""
 
     directory: Path
     seen: dict = dataclasses.field(default_factory=dict)   # step -> forced (a checkpoint's meta never changes)
@@ -102,7 +106,8 @@ class _KeepForced:
     def forced(self, step: int) -> bool:
         if step not in self.seen:
             try:
-                self.seen[step] = bool(json.loads((self.directory / str(step) / manifest.META_FILE).read_text()).get("forced"))
+                meta = json.loads((self.directory / str(step) / manifest.META_FILE).read_text())
+                self.seen[step] = bool(meta.get("forced") or meta.get("permanent"))
             except (OSError, ValueError):
                 return False   # not committed yet: asked again at the next save
         return self.seen[step]
@@ -391,10 +396,16 @@ class Checkpointer:
         """Names of checkpoints set aside as damaged."""
         return set_aside_steps(self.directory)
 
+    def permanent(self, step: int) -> bool:
+        """Whether the config makes `step` a permanent checkpoint: a multiple of `permanent_every`
+        or one of `permanent_steps`."""
+        every = self.cfg.permanent_every
+        return (every > 0 and step % every == 0) or step in (getattr(self.cfg, "permanent_steps", None) or ())
+
     def should_save(self, step: int) -> bool:
         """The config's regular saves: every `every_steps`, and each permanent step."""
-        every, permanent = self.cfg.every_steps, self.cfg.permanent_every
-        return (every > 0 and step % every == 0) or (permanent > 0 and step % permanent == 0)
+        every = self.cfg.every_steps
+        return (every > 0 and step % every == 0) or self.permanent(step)
 
     def due(self, step: int, rolling: bool = False) -> bool:
         """Whether the loop saves at `step`: a regular save, or a rolling one (`time_due`, agreed)."""
@@ -429,6 +440,8 @@ class Checkpointer:
         # `manifests`: how many per-process manifests seal it, so one that goes missing is noticed.
         meta = {"data_position": int(step), "horizon": horizon, "rng_seed": self.run_cfg.train.seed,
                 **meta, "step": int(step), manifest.META_KEY: self._process[1]}
+        if self.permanent(step):   # kept forever, whatever a later config's retention says
+            meta["permanent"] = True
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         started = bool(self._manager.save(step, args=args, force=True))
         self._last_save = self._clock()

@@ -17,9 +17,10 @@ from marin.train import manifest
 from marin.train.checkpoint import Checkpointer, NoCheckpointError, StructureMismatch, check_structure, listed_steps, restore_from
 
 
-def config(every=1, keep_last=2, permanent=0, async_save=True, minutes=0.0):
+def config(every=1, keep_last=2, permanent=0, async_save=True, minutes=0.0, steps=()):
     return NS(train=NS(steps=100, seed=7, checkpoint=NS(every_steps=every, keep_last=keep_last, every_minutes=minutes,
-                                                        permanent_every=permanent, async_save=async_save)),
+                                                        permanent_every=permanent, async_save=async_save,
+                                                        permanent_steps=list(steps))),
               schedule=NS(horizon_steps=None))
 
 
@@ -52,6 +53,29 @@ def test_keeps_last_n_and_permanent_every_m(tmp_path):
         ckpt.save(step, state_at(step), {})
     ckpt.wait()
     assert listed_steps(ckpt.directory) == [4, 8, 9, 10]
+
+
+def test_permanent_steps_are_written_and_kept_past_keep_last(tmp_path):
+    """The hero's retention (spec §9): one rolling checkpoint and a one-off permanent one."""
+    ckpt = Checkpointer(tmp_path, config(every=2, keep_last=1, steps=[5]))
+    for step in range(1, 11):
+        ckpt.save(step, state_at(step), {})
+    ckpt.wait()
+    assert listed_steps(ckpt.directory) == [5, 8, 10]   # 8: the newest sealed while 10 was written
+
+
+def test_a_permanent_checkpoint_outlives_a_changed_cadence(tmp_path):
+    """Written as permanent (permanent_every 4), kept by a resumed run whose config has none."""
+    first = Checkpointer(tmp_path, config(every=1, keep_last=1, permanent=4))
+    for step in range(1, 6):
+        first.save(step, state_at(step), {})
+    first.wait()
+    assert listed_steps(first.directory) == [4, 5]
+    again = Checkpointer(tmp_path, config(every=1, keep_last=1, permanent=0))
+    for step in range(6, 10):
+        again.save(step, state_at(step), {})
+    again.wait()
+    assert listed_steps(again.directory) == [4, 8, 9]   # 8: the newest sealed while 9 was written
 
 
 def test_only_forced_saves_without_a_period(tmp_path):
