@@ -280,6 +280,26 @@ def resolve_offload(cfg: Config, memory: MemoryEstimate | None) -> None:
         _offload_set(cfg, name, layout[name])
 
 
+# Production's eval batch: 64 sequences per rack (the hero's 704 = one per device; spec §9).
+EVAL_ROWS_PER_RACK = 64
+# permanent_every auto: a permanent checkpoint (a fork point) at every tenth of a run of at least
+# this many steps; shorter runs (tests, smoke runs) keep only their rolling and final ones.
+PERMANENT_MIN_STEPS = 100
+
+
+def permanent_every(steps: int) -> int:
+    """`train.checkpoint.permanent_every: auto`: every 10% of the run's steps, 0 under PERMANENT_MIN_STEPS."""
+    return steps // 10 if steps >= PERMANENT_MIN_STEPS else 0
+
+
+def headline_metric(cfg: Config) -> str:
+    """`eval.headline: auto`: the dropless Paloma macro average where a set is named paloma (the
+    published run's headline and forecast metric, spec §9), else the mean over every set."""
+    if any(s.name == "paloma" or s.name.startswith("paloma/") for s in cfg.data.eval_sets):
+        return "eval/paloma/macro_loss"
+    return "eval/macro_loss"
+
+
 def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     """Return a copy of `cfg` with every ``auto`` leaf replaced by its derived value.
 
@@ -324,6 +344,14 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
 
     if is_auto(t.eval_every) and isinstance(t.steps, int):
         t.eval_every = max(1, t.steps // 20)  # every 5% of training, as the ladder forecast reads it
+    if is_auto(t.eval_batch_size):
+        t.eval_batch_size = EVAL_ROWS_PER_RACK * hw.racks
+    if is_auto(t.checkpoint.permanent_every) and isinstance(t.steps, int):
+        t.checkpoint.permanent_every = permanent_every(t.steps)
+    if is_auto(cfg.eval.with_drops):  # production's with-drops pass ran until the ragged switch (spec §9)
+        cfg.eval.with_drops = m.ep_transport != "ragged"
+    if is_auto(cfg.eval.headline):
+        cfg.eval.headline = headline_metric(cfg)
 
     if any(is_auto(v) for v in (o.lr, o.b2, o.eps)) and isinstance(t.steps, int):
         rule = lr_rule(t.steps * tokens_per_step, d, tokens_per_step, o.adam_lr_cap)

@@ -124,6 +124,8 @@ class RouterConfig:
 
 
 SOURCE_KINDS = ("builtin", "text", "jsonl", "parquet")
+# data.loss_targets: which next-token targets the loss scores (marin.data.loader.scored_targets)
+LOSS_TARGETS = ("causal", "document")
 
 
 @dataclass
@@ -173,6 +175,11 @@ class DataConfig:
                             choices=("epoch", "random"))
     eval_sets: List[EvalSetConfig] = setting(factory=list)
     cache_dir: Optional[str] = setting(None, "token cache; default <run.out_dir>/cache/tokens")
+    loss_targets: str = setting(
+        "causal", "the targets the loss scores: causal (Levanter's LmExample.causal, production's: every target of "
+        "a row of T tokens, the next document's first token after an end-of-document included, the row's last "
+        "position none: T-1 per row) | document (only targets in the input's document, all T positions)",
+        choices=LOSS_TARGETS)
 
 
 @dataclass
@@ -289,8 +296,12 @@ class ScheduleConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = setting(0, "0 = only at the end and on preemption", range=count(0))
-    keep_last: int = setting(2, "rolling checkpoints kept", range=count(0))
-    permanent_every: int = setting(0, "0 = none", range=count(0))
+    keep_last: int = setting(2, "rolling checkpoints kept (permanent and forced ones are kept besides)", range=count(0))
+    permanent_every: Any = setting(AUTO, "a permanent checkpoint (kept forever, a fork point) every M steps; 0 = none; "
+                                   "auto = every 10% of train.steps in runs of 100 steps or more, else none",
+                                   range=count(0))
+    permanent_steps: List[int] = setting(help="steps written as permanent checkpoints besides permanent_every "
+                                         "(production's one-off 55,000)", factory=list)
     async_save: bool = setting(True, "save in the background")
     every_minutes: float = setting(60.0, "a rolling checkpoint this often (0 = off); permanent ones by every_steps",
                                    range=NON_NEGATIVE)
@@ -308,7 +319,10 @@ class TrainConfig:
     seed: int = setting(0, "seeds the init and the data order", range=count(0))
     eval_every: Any = setting(50, "steps between held-out evaluations (0 = only at the end); auto = every 5% of steps",
                               range=count(0))
-    eval_batches: int = setting(2, "batches per evaluation set", range=count(1))
+    eval_batches: Optional[int] = setting(None, "batches per evaluation set; None = every batch of each set "
+                                          "(production's)", range=count(1))
+    eval_batch_size: Any = setting(AUTO, "sequences per evaluation batch, all processes together; auto = 64 per "
+                                   "rack (hardware.racks): the hero's 704, one per device", range=count(1))
     log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
     init_from: Optional[str] = setting(None, "start from another run's checkpoint (<run>[@<step>])")
     init_from_mode: str = setting(
@@ -353,8 +367,14 @@ class EvalConfig:
     field, kept where saved runs have it), at each registered forecast point and at the end;
     always dropless, with drops too when `with_drops`. Metric names and the published ones:
     `marin.train.components.Evaluator`."""
-    with_drops: bool = setting(False, "also log eval/<set>/loss_dropped and bpb_dropped, at the training capacity "
-                               "and transport (published: eval/<set>/loss; the dropless one: eval_dropless/...)")
+    with_drops: Any = setting(False, "also log eval/<set>/loss_dropped and bpb_dropped, at the training capacity, "
+                              "transport and shard size (published: eval/<set>/loss; the dropless one: "
+                              "eval_dropless/...); auto = on with the fixed and pooled transports, off with ragged "
+                              "(production's pass stopped at the ragged switch); true with ragged is refused",
+                              choices=(True, False, AUTO))
+    headline: Any = setting(AUTO, "the metric the run's summary line, its report and marin.forecast lead with; auto = "
+                            "eval/paloma/macro_loss (production's: the dropless Paloma macro average, published "
+                            "eval_dropless/paloma/macro_loss) where an eval set is named paloma, else eval/macro_loss")
 
 
 @dataclass

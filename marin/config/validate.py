@@ -169,6 +169,13 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
     elif t.global_batch % (t.micro_batch * shards):
         problems.append(("train.micro_batch", f"micro_batch × {shards} devices must divide train.global_batch "
                          f"({t.global_batch}); got {t.micro_batch}"))
+    if t.eval_batch_size % shards:
+        problems.append(("train.eval_batch_size", f"must be divisible by the data-parallel size "
+                         f"(replica_dcn × data × expert = {shards}); got {t.eval_batch_size}"))
+    if cfg.eval.with_drops and m.ep_transport == "ragged":
+        # Production's with-drops pass ran only until the ragged switch (spec §9, marin#8859).
+        problems.append(("eval.with_drops", "must be false with model.ep_transport=ragged (production's "
+                         "with-drops evaluation stopped at the ragged switch); got true"))
     if t.stop_after is not None and t.stop_after > t.steps:
         problems.append(("train.stop_after", f"must be ≤ train.steps ({t.steps}); got {t.stop_after}"))
     h = cfg.schedule.horizon_steps

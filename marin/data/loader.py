@@ -22,8 +22,8 @@ R). With an unchanged mixture the saved rows equal the closed form, so the batch
 uninterrupted run's; either way a batch is a pure function of (seed, mixture history, step).
 
 NumPy only (no JAX). Batch arrays: ``inputs``/``targets`` int32 [b, T], ``segment_ids`` int32
-[b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (0 where
-the target belongs to another document than the input, or is padding), and ``source_counts``
+[b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (which
+targets the loss scores, by `data.loss_targets`: `scored_targets`), and ``source_counts``
 int64 [S]: tokens each source (`Loader.source_names`) contributes to the *global* batch at this
 step (identical on every process; the loop sums them for ``data/tokens/<source>/<phase>``).
 """
@@ -68,6 +68,8 @@ class Loader:
                              f"process count ({process_count})")
         per = t.global_batch // process_count
         self.row_start, self.row_stop = process_index * per, (process_index + 1) * per
+        self.process_index, self.process_count = process_index, process_count
+        self.loss_targets = getattr(cfg.data, "loss_targets", "document")
 
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         if msg := check_vocab(self.tokenizer, cfg.model.vocab_size, cfg.data.tokenizer):
@@ -191,7 +193,7 @@ class Loader:
             idx = (start[sel][:, None] + span) % shard.num_tokens
             window[sel] = shard.tokens[idx]
             doc[sel] = np.searchsorted(shard.offsets, idx, side="right")
-        batch = _pack(window, doc, T)
+        batch = _pack(window, doc, T, self.loss_targets)
         batch["source_counts"] = counts.astype(np.int64) * T
         return batch
 
@@ -303,8 +305,10 @@ class Loader:
     def eval_batches(self) -> dict[str, list[dict[str, np.ndarray]]]:
         """{set: [batch, ...]}: each held-out set cut into consecutive rows, the same every call.
 
-        At most `train.eval_batches` batches of the global batch size (this process's rows); a set
-        too small for them gives fewer, the last one padded (segment id 0, loss mask 0).
+        Batches of `train.eval_batch_size` rows (this process's share), every batch of the set or
+        the first `train.eval_batches`; the last one is filled up with padding rows (document
+        index -1: segment id 0, loss mask 0, tokens the tokenizer's padding id), which the model
+        treats as invalid tokens (no routing).
         """
         if self._eval is None:
             self._eval = {name: self._eval_set(shard) for name, shard in self.eval_shards.items()}
@@ -318,35 +322,40 @@ class Loader:
             self._eval_bpt = {name: self._bytes_per_token(shard) for name, shard in self.eval_shards.items()}
         return self._eval_bpt
 
-    def _bytes_per_token(self, shard: Shard) -> float:
-        T, B = self.seq_len, self.global_batch
+    def _eval_layout(self, shard: Shard) -> tuple[int, int]:
+        """(rows per eval batch, all processes; batches) of a held-out set."""
+        T, B = self.seq_len, self.cfg.train.eval_batch_size
+        if B % self.process_count:
+            raise ValueError(f"train.eval_batch_size ({B}) must be divisible by the process count ({self.process_count})")
         rows_available = max(1, -(-(shard.num_tokens - 1) // T))
-        count = max(1, min(self.cfg.train.eval_batches, -(-rows_available // B)))
-        rows = np.arange(min(count * B, rows_available))
-        idx = rows[:, None] * T + np.arange(T + 1)
+        count = -(-rows_available // B)
+        if self.cfg.train.eval_batches is not None:
+            count = min(count, self.cfg.train.eval_batches)
+        return B, max(1, count)
+
+    def _eval_window(self, shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[rows, T+1] tokens and document indices (-1 past the set's end: padding) of eval rows."""
+        idx = rows[:, None] * self.seq_len + np.arange(self.seq_len + 1)
         valid = idx < shard.num_tokens
         safe = np.where(valid, idx, 0)
+        window = np.where(valid, shard.tokens[safe], self.tokenizer.pad_id)
         doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
-        scored = (doc[:, 1:] == doc[:, :-1]) & (doc[:, :-1] >= 0)
-        targets = np.asarray(shard.tokens[safe[:, 1:][scored]], np.int64)
+        return window, doc
+
+    def _bytes_per_token(self, shard: Shard) -> float:
+        B, count = self._eval_layout(shard)
+        window, doc = self._eval_window(shard, np.arange(count * B))
+        targets = np.asarray(window[:, 1:][scored_targets(doc, self.loss_targets)], np.int64)
         if not targets.size:
             return float("nan")
         return _utf8_bytes(self.tokenizer, targets) / targets.size
 
     def _eval_set(self, shard: Shard) -> list[dict[str, np.ndarray]]:
-        T, B = self.seq_len, self.global_batch
-        rows_available = max(1, -(-(shard.num_tokens - 1) // T))
-        count = min(self.cfg.train.eval_batches, -(-rows_available // B))
-        batches = []
-        for b in range(max(1, count)):
-            rows = np.arange(b * B + self.row_start, b * B + self.row_stop)
-            idx = rows[:, None] * T + np.arange(T + 1)
-            valid = idx < shard.num_tokens
-            safe = np.where(valid, idx, 0)
-            window = np.where(valid, shard.tokens[safe], self.tokenizer.pad_id)
-            doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
-            batches.append(_pack(window, doc, T))
-        return batches
+        B, count = self._eval_layout(shard)
+        per = B // self.process_count
+        start, stop = self.process_index * per, (self.process_index + 1) * per
+        return [_pack(*self._eval_window(shard, np.arange(b * B + start, b * B + stop)), self.seq_len,
+                      self.loss_targets) for b in range(count)]
 
 
 def _utf8_bytes(tokenizer, ids: np.ndarray) -> int:
@@ -357,14 +366,35 @@ def _utf8_bytes(tokenizer, ids: np.ndarray) -> int:
     return len(tokenizer.decode(ids).encode("utf-8"))  # one decode: multi-token characters stay whole
 
 
-def _pack(window: np.ndarray, doc: np.ndarray, T: int) -> dict[str, np.ndarray]:
-    """Model inputs from [b, T+1] token windows and their document index (-1 = padding)."""
+def scored_targets(doc: np.ndarray, rule: str = "causal") -> np.ndarray:
+    """bool [b, T]: which targets of [b, T+1] windows the loss scores, from each token's document
+    index (-1 = padding), by `data.loss_targets`:
+
+    - ``causal`` (Levanter's `LmExample.causal`, production's): a row is its T inputs; every
+      target is scored, the next document's first token after an end-of-document included,
+      except the row's last position (its target is the next row's first token) and padding
+      targets: T-1 per full row.
+    - ``document``: only targets in the input's document (the end-of-document that closes it
+      included, the next document's first token not), at all T positions.
+    """
+    valid_in, valid_out = doc[:, :-1] >= 0, doc[:, 1:] >= 0
+    if rule == "document":
+        return valid_in & (doc[:, 1:] == doc[:, :-1])
+    if rule != "causal":
+        raise ValueError(f"data.loss_targets must be causal or document; got {rule!r}")
+    scored = valid_in & valid_out
+    scored[:, -1] = False
+    return scored
+
+
+def _pack(window: np.ndarray, doc: np.ndarray, T: int, rule: str = "causal") -> dict[str, np.ndarray]:
+    """Model inputs from [b, T+1] token windows and their document index (-1 = padding: segment
+    id 0, loss mask 0)."""
     new_doc = np.concatenate([np.ones_like(doc[:, :1], bool), doc[:, 1:] != doc[:, :-1]], axis=1)
     segment = np.where(doc >= 0, np.cumsum(new_doc & (doc >= 0), axis=1), 0)
-    same_doc = (doc[:, 1:] == doc[:, :-1]) & (doc[:, :-1] >= 0)
     return {
         "inputs": window[:, :T].astype(np.int32),
         "targets": window[:, 1:].astype(np.int32),
         "segment_ids": segment[:, :T].astype(np.int32),
-        "loss_mask": same_doc.astype(np.float32),
+        "loss_mask": scored_targets(doc, rule).astype(np.float32),
     }

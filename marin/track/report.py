@@ -372,13 +372,14 @@ def run_html(client, run, run_dir: Path | None) -> str:
     loss = series.get("train/loss")
     total = runstate.last_step(params, tags) or "?"  # N / M: stop_after stops short of M
     overrides = json.loads(tags.get("overrides", "[]") or "[]")
+    headline = params.get("eval.headline") or "eval/macro_loss"   # runs from before the field: the mean
     summary = [
         ("run", f"{run.info.run_name} ({run_id})"),
         ("state", runstate.state(run.info.status, tags) + (f" ({tags['ended']})" if tags.get("ended") else "")),  # how it ended (trainer)
         ("started / ended", f"{_when(run.info.start_time) or '–'} / {_when(run.info.end_time) or '–'}"),
         ("steps", f"{int(loss[0][-1]) if loss is not None else '–'} / {total}"),
         ("final train loss", _num(_final(loss))),
-        ("final eval/macro_loss", _num(_final(series.get("eval/macro_loss")))),
+        (f"final {headline}", _num(_final(series.get(headline)))),   # eval.headline, logged as a param
         ("forecast", forecast_verdict(series, tags)),
         ("MLflow", mlflow_link(client.tracking_uri, run.info.experiment_id, run_id)),
         ("tokens/s (median, 2nd half)", _num(_median_late(series.get("train/tokens_per_s")), ",.0f")),

@@ -187,14 +187,17 @@ class Evaluator:
     over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb`` (and ``_dropped``, published
     ``eval/paloma/macro_loss``); ``eval/macro_*`` averages every set.
     Bits per byte = loss / ln 2 / the set's UTF-8 bytes per scored token
-    (`Loader.eval_bytes_per_token`); the loss is the mean over the set's batches."""
+    (`Loader.eval_bytes_per_token`); the loss is the mean over the set's scored tokens (each batch
+    weighed by its count, so the padded last batch counts for what it holds). The run's headline
+    is `eval.headline` (auto: ``eval/paloma/macro_loss`` where a set is named paloma, production's
+    ``eval_dropless/paloma/macro_loss``; else ``eval/macro_loss``)."""
 
     def __init__(self, cfg, eval_step, loader, to_global, tracker, write, stop: int):
 
         self.every, self.stop = cfg.train.eval_every, stop
         self.eval_step, self.loader, self.to_global = eval_step, loader, to_global
         self.tracker, self.write = tracker, write
-        self.check = Check(cfg, tracker)  # forecast.registered: forecast/* at each 5% point
+        self.check = Check(cfg, tracker, cfg.eval.headline)  # forecast.registered: forecast/* at each 5% point
         self.last: dict = {}  # the latest evaluation's losses: the run's summary line names them
 
     def due(self, step: int) -> bool:
@@ -210,9 +213,13 @@ class Evaluator:
         losses = {}
         bytes_per_token = self.loader.eval_bytes_per_token()
         for name, batches in self.loader.eval_batches().items():
-            values = [jax.device_get(self.eval_step(state, self.to_global(b))) for b in batches]
+            values = [dict(jax.device_get(self.eval_step(state, self.to_global(b)))) for b in batches]
+            # Each batch weighs its scored targets (the padded last one less): the set's token mean.
+            weights = [float(v.pop("scored", b["loss_mask"].sum())) for v, b in zip(values, batches)]
+            total = sum(weights) or float(len(weights))
+            weights = [w / total for w in weights] if sum(weights) else [1.0 / len(weights)] * len(weights)
             for key in values[0]:  # loss (dropless), and loss_dropped with eval.with_drops
-                losses[f"eval/{name}/{key}"] = loss = sum(float(v[key]) for v in values) / len(values)
+                losses[f"eval/{name}/{key}"] = loss = sum(w * float(v[key]) for w, v in zip(weights, values))
                 bpt = bytes_per_token.get(name, math.nan)
                 if bpt > 0:
                     losses[f"eval/{name}/{key.replace('loss', 'bpb')}"] = loss / math.log(2) / bpt

@@ -167,20 +167,42 @@ def hyperparams(cfg, mesh):
                         jax.tree.map(np.asarray, values(cfg)))
 
 
+def drops_microbatches(cfg, rows: int) -> int:
+    """Pieces the with-drops pass splits an eval batch of `rows` rows (all devices) into, so that
+    each device's MoE shard holds the training forward's rows (`train.micro_batch`): the capacity,
+    and so the drops, of the trained shard size. 1 where a batch holds no more rows per device
+    than training (the hero: 1 sequence per device against 16, as production's with-drops pass
+    ran), or does not split into whole micro-batches."""
+    per_device, micro = rows // batch_shards(cfg.hardware), cfg.train.micro_batch
+    return per_device // micro if per_device > micro and per_device % micro == 0 else 1
+
+
 def make_eval_step(cfg, mesh):
-    """eval_step(state, batch) -> {"loss": dropless ce} (+ "loss_dropped": the ce with the
-    training transport's capacity and drops, when `eval.with_drops`)."""
+    """eval_step(state, batch) -> {"loss": dropless ce, "scored": targets scored} (+ "loss_dropped":
+    the ce with the training transport's capacity and drops at the trained shard size
+    (`drops_microbatches`), when `eval.with_drops`). The Evaluator weighs batches by "scored"."""
     # The same forward with the training pass's dispatch (model.ep_transport and its capacities).
     with_drops = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, eval_dropless=False))
+    def dropped_ce(params, batch, bias):
+        n_micro = drops_microbatches(cfg, batch["inputs"].shape[0])   # static at trace time
+        if n_micro == 1:
+            return transformer.loss_fn(params, batch, bias, with_drops, train=False, mesh=mesh)[1]["ce"]
+        # [B, ...] → [n, B / n, ...] as the train step splits its batch: each piece a training shard
+        micro = jax.tree.map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
+
+        def piece(mb):
+            m = transformer.loss_fn(params, mb, bias, with_drops, train=False, mesh=mesh)[1]
+            return m["ce"] * m["tokens"], m["tokens"]
+        ce_sums, tokens = jax.lax.map(piece, micro)
+        return jnp.sum(ce_sums) / jnp.maximum(jnp.sum(tokens), 1.0)
 
     def eval_step(state: TrainState, batch):
         # Evaluation applies the pending router state too (spec: QB betas apply at every eval).
         bias = routers.router_bias(state.router_state, cfg)
         _, metrics = transformer.loss_fn(state.params, batch, bias, cfg, train=False, mesh=mesh)
-        out = {"loss": metrics["ce"]}
+        out = {"loss": metrics["ce"], "scored": jnp.sum(batch["loss_mask"])}
         if cfg.eval.with_drops:
-            _, dropped = transformer.loss_fn(state.params, batch, bias, with_drops, train=False, mesh=mesh)
-            out["loss_dropped"] = dropped["ce"]
+            out["loss_dropped"] = dropped_ce(state.params, batch, bias)
         return out
 
     return eval_step

@@ -343,7 +343,7 @@ class Trainer:
         losses = self.evaluator.last if getattr(self, "evaluator", None) is not None else {}
         report = self.rec.run_dir / "report.html"
         line = summary_line(ending, (self.metrics.summary if self.metrics is not None else {}).get("loss"),
-                            losses.get("eval/macro_loss"), self.rec.run_dir, run_id,
+                            losses.get(self.cfg.eval.headline), self.rec.run_dir, run_id,
                             record.mlflow_link(self.rec) if run_id else None, report if report.is_file() else None)
         # A verify replay's stdout is the verdict (marin.launch.verify): its own ending goes to stderr.
         print(line, file=sys.stderr if self.cfg.verify else sys.stdout, flush=True)

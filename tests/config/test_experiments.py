@@ -53,7 +53,47 @@ def test_hero_recipe_and_layout():
     assert (m.offload_carry, cfg.optim.offload, cfg.hardware.mesh.fsdp) == (True, True, True)  # the layout that fits
     mesh = cfg.hardware.mesh
     assert (mesh.replica_dcn, mesh.data, mesh.expert, mesh.model) == (11, 1, 64, 1)
-    assert cfg.train.checkpoint.permanent_every == 6000
+
+
+def test_hero_operations_and_evaluation_are_productions():
+    """Spec §9 "Operations" and "Evaluation", on the composed hero config."""
+    from marin.config.schema import EvalSetConfig
+    from marin.config.validate import ConfigError
+
+    cfg = experiment(HERO)
+    ck = cfg.train.checkpoint
+    assert (ck.keep_last, ck.permanent_every, ck.permanent_steps) == (1, 0, [55_000])   # 1 rolling + 55,000
+    assert (cfg.hardware.max_requeues, cfg.hardware.max_restarts) == (100, 1_000)
+    racks, devices = cfg.hardware.racks, derive.device_count(cfg.hardware)
+    assert cfg.train.eval_batch_size == derive.EVAL_ROWS_PER_RACK * racks == devices == 704   # one per device
+    assert cfg.train.eval_batches is None                                   # every batch of every set
+    assert cfg.data.loss_targets == "causal"
+    assert cfg.eval.with_drops is True                                      # pooled: with drops too
+    assert experiment("ladder_d768").train.eval_batch_size == 64            # one rack
+    # From the ragged switch (81,716) on, dropless evaluation only: the lineage's cutover and the
+    # context stages turn the with-drops pass off; an explicit one with ragged is refused.
+    ragged = make_config(f"experiment={HERO}", "model.ep_transport=ragged", "dry_run=true")
+    assert ragged.eval.with_drops is False
+    assert experiment("mochi_535b_a23b_8k").eval.with_drops is False
+    with pytest.raises(ConfigError, match="eval.with_drops"):
+        make_config(f"experiment={HERO}", "model.ep_transport=ragged", "eval.with_drops=true", "dry_run=true")
+    # the headline: the dropless Paloma macro average once the site's Paloma copy is an eval set
+    assert cfg.eval.headline == "eval/macro_loss"                          # none in the repository
+    cfg.data.eval_sets = [EvalSetConfig(name="paloma", kind="jsonl", paths=["paloma/*/*.jsonl"], subsets=True)]
+    assert derive.headline_metric(cfg) == "eval/paloma/macro_loss"
+
+
+def test_hero_lineage_turns_the_with_drops_pass_off_at_the_ragged_cutover():
+    import yaml
+
+    from marin.config.paths import CONF_DIR
+
+    runs = yaml.safe_load((CONF_DIR / "lineage" / "mochi_hero.yaml").read_text())["runs"]
+    overrides = [o for r in runs for o in r["overrides"]]
+    [cut] = [r for r in runs if "model.ep_transport=ragged" in r["overrides"]]
+    assert cut["from_step"] == 81_716 and "eval.with_drops=false" in cut["overrides"]
+    cfg = make_config(f"experiment={HERO}", *overrides, "dry_run=true")
+    assert cfg.eval.with_drops is False
 
 
 def test_hero_numerics_and_gate_router_decay_are_the_published_ones():

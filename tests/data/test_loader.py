@@ -113,8 +113,43 @@ def test_rows_respect_document_boundaries(mixed):
     assert (seg[:, 0] == 1).all()
     # A new segment starts right after each end-of-document input...
     np.testing.assert_array_equal(seg[:, 1:] - seg[:, :-1], (inputs[:, :-1] == EOS).astype(int))
-    # ...and the target crossing into it carries no loss.
-    np.testing.assert_array_equal(mask, (inputs != EOS).astype(np.float32))
+    # ...and (data.loss_targets=causal, production's) the target crossing into it is scored too:
+    # every position but the row's last.
+    assert mask[:, :-1].all() and not mask[:, -1].any()
+
+
+def test_the_document_rule_scores_no_target_across_a_boundary(tmp_path):
+    letters(tmp_path, "a")
+    cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])], loss_targets="document")
+    batch = Loader(cfg, progress=False).batch(3)
+    np.testing.assert_array_equal(batch["loss_mask"], (batch["inputs"] != EOS).astype(np.float32))
+
+
+# One row of T = 8 from [T+1]-token windows: document 1 = "a b EOS", document 2 = "c d e EOS",
+# then padding (document index -1). Position i's input is window[i], its target window[i+1].
+WINDOW = np.array([[97, 98, EOS, 99, 100, 101, EOS, 0, 0]])
+DOC = np.array([[1, 1, 1, 2, 2, 2, 2, -1, -1]])
+
+
+def test_two_documents_give_each_rules_masks():
+    from marin.data.loader import _pack
+
+    causal, document = (_pack(WINDOW, DOC, 8, rule) for rule in ("causal", "document"))
+    # targets:            b  EOS  c  d  e  EOS pad pad
+    assert causal["loss_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]     # c after EOS scored
+    assert document["loss_mask"].tolist() == [[1, 1, 0, 1, 1, 1, 0, 0]]   # c after EOS not
+    for batch in (causal, document):
+        assert batch["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0]]
+        assert batch["targets"].tolist() == [WINDOW[0, 1:].tolist()]
+
+
+def test_causal_drops_the_rows_last_position_only():
+    from marin.data.loader import _pack
+
+    full = np.arange(9)[None] % 5 + 97
+    one_doc = _pack(full, np.ones_like(full), 8, "causal")["loss_mask"]
+    assert one_doc.tolist() == [[1] * 7 + [0]]                              # T - 1 scored targets
+    assert _pack(full, np.ones_like(full), 8, "document")["loss_mask"].tolist() == [[1] * 8]
 
 
 def test_default_run_uses_the_builtin_mixture():
@@ -129,19 +164,45 @@ def test_default_run_uses_the_builtin_mixture():
     for batches in evals.values():
         assert len(batches) == cfg.train.eval_batches
         assert all(b["loss_mask"].sum() > 0 for b in batches)
+        assert all(b["inputs"].shape == (cfg.train.eval_batch_size, cfg.train.seq_len) for b in batches)
     assert loader.eval_batches() is evals  # prepared once
 
 
-def test_eval_batches_pad_a_small_set(tmp_path):
+@pytest.mark.parametrize("rule, first_row", [("causal", 31), ("document", 30)])
+def test_eval_batches_pad_a_small_set(tmp_path, rule, first_row):
     write_jsonl(tmp_path / "a.jsonl", ["x" * 40] * 20)
     write_jsonl(tmp_path / "held.jsonl", ["held out text"] * 3)
     cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])],
-                   eval_sets=[dict(name="held", kind="jsonl", paths=["held.jsonl"])])
+                   eval_sets=[dict(name="held", kind="jsonl", paths=["held.jsonl"])], loss_targets=rule)
     (batch,) = Loader(cfg, progress=False).eval_batches()["held"]
-    # 3 × (13 bytes + end of document) = 42 tokens: row 0 holds 32 inputs (2 cross a boundary),
-    # row 1 the last 10 (9 with a target), the other rows are padding.
-    assert batch["loss_mask"].sum(axis=1).tolist() == [30, 9] + [0] * 6
+    # 3 × (13 bytes + end of document) = 42 tokens: row 0 holds 32 inputs (causal: all but its last
+    # position scored; document: not the 2 that cross a boundary), row 1 the last 10 (9 with a
+    # target), the other rows of the eval batch (64 per rack) are padding.
+    rows = cfg.train.eval_batch_size
+    assert rows == 64 and batch["loss_mask"].shape == (rows, 32)
+    assert batch["loss_mask"].sum(axis=1).tolist() == [first_row, 9] + [0] * (rows - 2)
     assert (batch["segment_ids"][1] > 0).sum() == 10 and (batch["segment_ids"][2:] == 0).all()
+
+
+def test_every_batch_of_a_set_by_default_the_last_padded(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["x" * 40] * 20)
+    write_jsonl(tmp_path / "held.jsonl", ["held out text " * 20] * 30)   # 30 × 281 tokens: 264 rows of 32
+    cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])],
+                   eval_sets=[dict(name="held", kind="jsonl", paths=["held.jsonl"])],
+                   overrides=["train.eval_batches=null", "train.eval_batch_size=16"])
+    loader = Loader(cfg, progress=False)
+    batches = loader.eval_batches()["held"]
+    tokens = loader.eval_shards["held"].num_tokens
+    rows = -(-(tokens - 1) // 32)
+    assert len(batches) == -(-rows // 16) > 2                    # every batch, not train.eval_batches' old 2
+    last = batches[-1]
+    padding = len(batches) * 16 - rows
+    assert padding > 0 and (last["segment_ids"][16 - padding:] == 0).all()
+    assert (last["loss_mask"][16 - padding:] == 0).all() and last["loss_mask"][: 16 - padding].sum() > 0
+    # the two processes of a job each load their half of every batch
+    halves = [Loader(cfg, process_index=p, process_count=2, progress=False).eval_batches()["held"] for p in (0, 1)]
+    for whole, a, b in zip(batches, *halves):
+        np.testing.assert_array_equal(whole["inputs"], np.concatenate([a["inputs"], b["inputs"]]))
 
 
 def test_tokens_seen_resumes_from_saved_totals(mixed):

@@ -304,10 +304,38 @@ def test_eval_with_drops_adds_the_training_capacity_loss_beside_the_dropless_one
     batch = batch_of(plain)
     a = jax.jit(make_eval_step(plain, make_mesh(plain)))(state, batch)
     b = jax.jit(make_eval_step(with_drops, make_mesh(with_drops)))(state, batch)
-    assert set(a) == {"loss"} and set(b) == {"loss", "loss_dropped"}
+    assert set(a) == {"loss", "scored"} and set(b) == {"loss", "scored", "loss_dropped"}
     gap = abs(float(b["loss_dropped"]) - float(b["loss"]))
     assert abs(float(a["loss"]) - float(b["loss"])) <= 1e-6 * float(a["loss"]), (a, b)  # stays dropless
     assert gap > 1e-4, (a, b)                  # cf 0.25 drops most assignments (noise ~1e-6)
+
+
+def test_eval_with_drops_runs_at_the_trained_shard_size():
+    """An eval batch of 4 training batches: the with-drops pass is the token mean of the training
+    forward's shards (capacity of micro_batch rows), not one forward over all of them."""
+    from dataclasses import replace
+
+    from marin.model import routers, transformer
+    from marin.model.mesh import make_mesh
+    from marin.optim import build_optimizer
+    from marin.train.state import init_state
+    from marin.train.step import drops_microbatches, make_eval_step
+    from tests.train.test_step import batch_of
+
+    cfg = make_config("model=tiny", "train.seq_len=32", "train.global_batch=8", "train.eval_batch_size=32",
+                      "model.capacity_factor=0.5", "eval.with_drops=true")
+    state = init_state(cfg, build_optimizer(cfg), jax.random.key(0))
+    batch = batch_of(replace(cfg, train=replace(cfg.train, global_batch=32)))   # 4 training batches
+    assert drops_microbatches(cfg, 32) == 4 and drops_microbatches(cfg, 8) == 1
+    out = jax.jit(make_eval_step(cfg, make_mesh(cfg)))(state, batch)
+    drops = replace(cfg, model=replace(cfg.model, eval_dropless=False))
+    bias = routers.router_bias(state.router_state, cfg)
+    pieces = [transformer.loss_fn(state.params, {k: v[i * 8:(i + 1) * 8] for k, v in batch.items()}, bias, drops,
+                                  train=False)[1] for i in range(4)]
+    expected = sum(float(m["ce"]) * float(m["tokens"]) for m in pieces) / sum(float(m["tokens"]) for m in pieces)
+    whole = float(transformer.loss_fn(state.params, batch, bias, drops, train=False)[1]["ce"])
+    assert float(out["loss_dropped"]) == pytest.approx(expected, rel=1e-5)
+    assert abs(whole - expected) > 1e-5        # one forward over 32 rows drops otherwise
 
 
 @pytest.mark.slow
