@@ -178,13 +178,14 @@ class Evaluator:
     ``eval/<set>/loss_dropped``     ``eval/<set>/loss``                     with drops
     ``eval/<set>/bpb_dropped``      ``eval/<set>/bpb``                      with drops
     ``eval/macro_loss``, ``_bpb``   ``eval_dropless/macro_loss``, ``_bpb``  dropless
-    ``eval/macro_loss_dropped``     ``eval/macro_loss`` (the headline)      with drops
+    ``eval/macro_loss_dropped``     ``eval/macro_loss``                     with drops
     ``eval/macro_bpb_dropped``      ``eval/macro_bpb``                      with drops
     ==============================  ======================================  ===================
 
     (the ``_dropped`` ones with ``eval.with_drops``). A folder of subsets (``subsets: true``, e.g.
     a site's Paloma copy as set ``paloma``) gives ``eval/paloma/<subset>/…`` and the macro averages
-    over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb`` (and ``_dropped``, published
+    over its subsets ``eval/paloma/macro_loss`` / ``macro_bpb`` (published
+    ``eval_dropless/paloma/macro_loss``: the headline, spec §9; ``_dropped``: published
     ``eval/paloma/macro_loss``); ``eval/macro_*`` averages every set.
     Bits per byte = loss / ln 2 / the set's UTF-8 bytes per scored token
     (`Loader.eval_bytes_per_token`); the loss is the mean over the set's scored tokens (each batch

@@ -185,3 +185,14 @@ def test_cfg_job_resolve_fills_auto():
     assert isinstance(tree["train"]["steps"], int) and tree["attention"]["num_heads"] == 2, out
     assert "auto" not in out.split() and "???" not in out
     assert yaml.safe_load(_cfg_job("--resolve", "-p", "attention", "model=tiny"))["num_heads"] == 2
+
+
+def test_the_default_run_keeps_a_checkpoint_to_fork_from_every_tenth_of_it():
+    """permanent_every auto (issue 42 item 7): every 10% of a run of 100 steps or more; none below."""
+    from marin.config import derive
+
+    cfg = make_config()
+    assert cfg.train.checkpoint.permanent_every == cfg.train.steps // 10 == 20   # steps 20, 40, …, 200
+    assert make_config("train.steps=1000").train.checkpoint.permanent_every == 100
+    assert make_config("train.steps=50").train.checkpoint.permanent_every == 0 == derive.permanent_every(99)
+    assert make_config("train.checkpoint.permanent_every=7").train.checkpoint.permanent_every == 7

@@ -77,7 +77,7 @@ def test_bits_per_byte_per_set_and_their_macro_average(loader):
     assert out["eval/tiny/bpb_dropped"] == pytest.approx(2 * bits * 4 / 2)
     assert out["eval/macro_bpb"] == pytest.approx((bits * 2 + bits * 1.5) / 2)
     assert out["eval/macro_loss"] == pytest.approx(math.log(V))
-    # with drops too: production's headline eval/macro_loss was the with-drops one (eval.with_drops)
+    # with drops too (eval.with_drops): published eval/macro_loss; the headline is the dropless one
     assert out["eval/macro_loss_dropped"] == pytest.approx(2 * math.log(V))
     assert out["eval/macro_bpb_dropped"] == pytest.approx(2 * (bits * 2 + bits * 1.5) / 2)
     assert tracker.rows["eval/tiny/bpb"] == out["eval/tiny/bpb"]
