@@ -69,7 +69,7 @@ class Loader:
         per = t.global_batch // process_count
         self.row_start, self.row_stop = process_index * per, (process_index + 1) * per
         self.process_index, self.process_count = process_index, process_count
-        self.loss_targets = getattr(cfg.data, "loss_targets", "document")
+        self.loss_targets = cfg.data.loss_targets
 
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         if msg := check_vocab(self.tokenizer, cfg.model.vocab_size, cfg.data.tokenizer):
