@@ -1,7 +1,7 @@
 """`python -m marin.forecast <ladder sweep> --target <experiment>`: the ladder's loss forecast.
 
 At each 5% of training, fit L(C) = E + A·C^−α across the ladder's runs (spec §4): L is the
-evaluation loss at that point (the target's ``eval.headline`` by default, interpolated between evaluations
+evaluation loss at that point (``eval/macro_loss`` by default, interpolated between evaluations
 when none falls exactly there), C the training FLOPs so far without the output head
 (3 × `accounting.flops_per_token(cfg, with_head=False)` × tokens seen, from each run's resolved
 config). E is fixed (1.5, as in the spec) and the fit is the linear regression of log(L − E) on
@@ -377,16 +377,15 @@ def plot(fits: list[Fit], target: str, path: Path) -> Path:
     return path
 
 
-def forecast(client, parent, target: str, metric: str | None = None, E: float | None = DEFAULT_E,
+def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: float | None = DEFAULT_E,
              target_overrides: list[str] = (), rungs: list[Rung] | None = None) -> tuple[list[Fit], Config]:
     """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder.
-    `rungs`, if given, is filled with the ladder's runs (for a registration). `metric`: default
-    the target's `eval.headline`."""
-    cfg = target_config(target, list(target_overrides))
-    found = rungs_of(client, parent, metric or cfg.eval.headline)
+    `rungs`, if given, is filled with the ladder's runs (for a registration)."""
+    found = rungs_of(client, parent, metric)
     check_ladder(found)
     if rungs is not None:
         rungs[:] = found
+    cfg = target_config(target, list(target_overrides))
     fits = [f for f in (fit_at(found, frac, E) for frac in FRACTIONS) if f is not None]
     for fit in fits:
         fit.target_C = training_flops_per_step(cfg) * fit.fraction * horizon(cfg)
@@ -478,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="experiment whose loss to predict (conf/experiment/<name>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the target's config (repeatable)")
-    parser.add_argument("--metric", help="default: the target's eval.headline (eval/paloma/macro_loss with a paloma set)")
+    parser.add_argument("--metric", default="eval/macro_loss")
     parser.add_argument("--E", type=float, default=DEFAULT_E, help="the fixed asymptote (default 1.5)")
     parser.add_argument("--fit-E", action="store_true", help="fit E too instead of fixing it")
     parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
@@ -497,7 +496,6 @@ def main(argv: list[str] | None = None) -> int:
         client, parent = refs.open_sweep(args.sweep, args.tracking_uri, args.out_dir)
         E, rungs = None if args.fit_E else args.E, []
         fits, cfg = forecast(client, parent, args.target, args.metric, E, args.set, rungs)
-        args.metric = args.metric or cfg.eval.headline
         if not fits:
             raise NotALadder("no point of training has enough rungs with a loss above E to fit")
         check_fit(fits[-1], args.min_r2)
