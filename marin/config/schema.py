@@ -150,6 +150,17 @@ class EvalSetConfig:
 
 
 @dataclass
+class SimulatedEpochingConfig:
+    """A small run repeats each cell as often as a larger target run would (spec §9, Marin's ladder):
+    every cell is cut to the run's tokens / target_tokens of its tokens (`marin.config.derive`)."""
+    target_tokens: Optional[float] = setting(None, "the token budget whose epochs the run simulates (the hero "
+                                             "mixture's 15T + 3.75T = 1.875e13); None = off", range=POSITIVE)
+    below_flops: Optional[float] = setting(None, "only runs of at most this many training FLOPs (spec §1b, head "
+                                           "included) simulate; larger ones read whole cells (Marin: 1e23); "
+                                           "None = any run", range=POSITIVE)
+
+
+@dataclass
 class DataConfig:
     """The mixture (`conf/data/`, code in `marin/data/`); list leaves are checked by marin.data.mixture."""
     name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
@@ -169,6 +180,7 @@ class DataConfig:
     phase_names: List[str] = setting(factory=lambda: ["pretrain"])
     phase_boundaries: List[float] = setting(help="fractions of the run in (0, 1)", factory=list)
     max_epochs: float = setting(8.0, "no source may repeat more than this", range=POSITIVE)
+    simulated_epoching: SimulatedEpochingConfig = setting(factory=SimulatedEpochingConfig)
     sampling: str = setting("epoch", "epoch (each source read in seeded epochs) | random (with replacement)",
                             choices=("epoch", "random"))
     eval_sets: List[EvalSetConfig] = setting(factory=list)
@@ -368,6 +380,11 @@ class ForecastConfig:
     """A pre-registered loss forecast this run is checked against (`marin/track/forecast_check.py`)."""
     registered: Optional[str] = setting(None, "outputs/forecasts/<experiment>.yaml from `marin.forecast --register` "
                                         "(or its committed copy in conf/forecasts/)")
+    extrapolation_offset: float = setting(0.0, "added to this rung's loss where the forecast extends it past its "
+                                          "last evaluation (the published d2048 rung: its 60–80% line + 0.005)")
+    c_last_layer_global: bool = setting(True, "the forecast's C counts the last layer as global, as the model runs "
+                                        "it; false: every 4th layer only, as Marin's ladder FLOPs counted d2048 "
+                                        "(5 of its 22 layers, the model ran 6)")
 
 
 @dataclass

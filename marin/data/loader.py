@@ -33,6 +33,7 @@ import logging
 
 import numpy as np
 
+from marin.config import derive
 from marin.data import mixture, sampling
 from marin.data.prepare import Shard, prepare
 from marin.data.tokenizers import check_vocab, load_tokenizer
@@ -95,7 +96,14 @@ class Loader:
         """What `data.sampling=epoch` derives once: each phase's row intervals and the rows every
         source drew before each phase starts."""
         B = self.global_batch
-        self._chunks = -(-self._num_tokens // self.seq_len)  # K = ⌈N / T⌉ chunks per epoch
+        # K = ⌈N / T⌉ chunks per epoch; simulated epoching (data.simulated_epoching) keeps the run's
+        # share of them, read from one seeded start every epoch: the same tokens repeat, as the
+        # target run repeats its whole cells (levanter slices each cell once, then epochs over it).
+        fraction = mixture.simulated_fraction(self.cfg)
+        self._chunks = np.asarray([derive.simulated_chunks(int(k), fraction)
+                                   for k in -(-self._num_tokens // self.seq_len)], np.int64)
+        self._offset_moves = np.uint64(fraction is None)  # 0: every epoch starts where the first did
+        self._epoch_tokens = np.minimum(self._chunks * self.seq_len, self._num_tokens)
         self._ids = np.asarray([sampling.name_id(n) for n in self.source_names], np.uint64)
         self._edges = [sampling.boundaries(w, B) for w in weights]
         self._beta = [int(sampling.key(self.seed, PHASE_STREAM, p)[0] % np.uint64(sampling.M))
@@ -161,7 +169,8 @@ class Loader:
         K, N, ident = self._chunks[src], self._num_tokens[src], self._ids[src]
         epoch, chunk = np.divmod(drawn, K)
         chunk = sampling.permute(chunk, K, sampling.key(self.seed, ORDER_STREAM, ident, epoch))
-        offset = (sampling.key(self.seed, OFFSET_STREAM, ident, epoch) % N.astype(np.uint64)).astype(np.int64)
+        offset = sampling.key(self.seed, OFFSET_STREAM, ident, epoch.astype(np.uint64) * self._offset_moves)
+        offset = (offset % N.astype(np.uint64)).astype(np.int64)
         start = (offset + chunk * self.seq_len) % N
         return counts, src, start
 
@@ -288,11 +297,13 @@ class Loader:
 
     def epochs_seen(self, step: int) -> dict[str, float]:
         """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens
-        (sources of zero weight in every phase are not prepared, and not listed)."""
+        (under simulated epoching its share of them; sources of zero weight in every phase are not
+        prepared, and not listed)."""
         drawn = dict.fromkeys(self.source_names, 0)
         for key, tokens in self.tokens_seen(step).items():
             drawn[key.rsplit("/", 1)[0]] += tokens
-        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, self._num_tokens) if t}
+        sizes = self._epoch_tokens if self.sampling == "epoch" else self._num_tokens
+        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, sizes) if t}
 
     def resume_tokens_seen(self, step: int, totals: dict[str, int]) -> None:
         """Start the count at `step` from totals saved earlier (e.g. in a checkpoint)."""
