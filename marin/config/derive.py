@@ -187,7 +187,7 @@ def simulated_epoch_fraction(cfg: Config, run_flops: float) -> float | None:
 def simulated_chunks(chunks: int, fraction: float | None) -> int:
     """A cell's sequences (chunks of seq_len tokens) under simulated epoching: levanter's
     int(length × fraction), at least one so that a tiny cell still has something to repeat."""
-    return chunks if fraction is None else max(1, min(chunks, int(chunks * fraction)))
+    return chunks if fraction is None else min(chunks, max(1, int(chunks * fraction)))
 
 
 class OffloadCost(NamedTuple):
