@@ -330,6 +330,8 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model
         hw.mesh.data = max(1, device_count(hw) // max(1, others))
+    if is_auto(t.eval_seq_len):
+        t.eval_seq_len = t.seq_len
     if is_auto(t.micro_batch):
         t.micro_batch = max(1, t.global_batch // max(1, batch_shards(hw)))
 

@@ -183,6 +183,10 @@ class DataConfig:
     simulated_epoching: SimulatedEpochingConfig = setting(factory=SimulatedEpochingConfig)
     sampling: str = setting("epoch", "epoch (each source read in seeded epochs) | random (with replacement)",
                             choices=("epoch", "random"))
+    shuffle_window: int = setting(
+        0, "data.sampling=epoch: tokens read in order within each shuffled window (a multiple of every stage's "
+        "train.seq_len): a stage of another seq_len then continues each source exactly where it was; 0 = every "
+        "chunk shuffled alone", range=count(0))
     eval_sets: List[EvalSetConfig] = setting(factory=list)
     cache_dir: Optional[str] = setting(None, "token cache; default <run.out_dir>/cache/tokens")
 
@@ -313,6 +317,9 @@ class TrainConfig:
     """The loop (`marin/train/`)."""
     steps: Any = setting(AUTO, "auto = from the token budget, or a number", range=count(1))
     stop_after: Optional[int] = setting(None, "stop early; the schedule is unchanged", range=count(1))
+    stop_at: Optional[int] = setting(
+        None, "end this run at exactly this step with a checkpoint there, for a fork=<run>@<step> (a lineage's "
+        "cutover); unlike stop_after, resume= and requeues keep it (train.stop_at=null goes on)", range=count(1))
     tokens_per_active_param: float = setting(791.0, "token budget rule for steps=auto", range=POSITIVE)
     seq_len: int = setting(128, "tokens per sequence", range=count(1))
     global_batch: int = setting(16, "sequences per step, all processes together", range=count(1))
@@ -321,6 +328,8 @@ class TrainConfig:
     eval_every: Any = setting(50, "steps between held-out evaluations (0 = only at the end); auto = every 5% of steps",
                               range=count(0))
     eval_batches: int = setting(2, "batches per evaluation set", range=count(1))
+    eval_seq_len: Any = setting(AUTO, "tokens per eval sequence; auto = train.seq_len (a context-extension stage keeps "
+                           "pretraining's 4,096, so its scores compare with the run before)", range=count(1))
     log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
     init_from: Optional[str] = setting(None, "start from another run's checkpoint (<run>[@<step>])")
     init_from_mode: str = setting(

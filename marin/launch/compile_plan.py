@@ -303,6 +303,8 @@ def compile_steps(cfg) -> dict:
     rows, spec = (r.train.global_batch, r.train.seq_len), batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(rows, dtype, sharding=spec) for k, dtype in
              (("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.float32))}
+    eval_batch = {k: jax.ShapeDtypeStruct((r.train.global_batch, r.train.eval_seq_len), v.dtype, sharding=spec)
+                  for k, v in batch.items()}  # a context stage scores at train.eval_seq_len (pretraining's)
     hp = hyperparams(r, mesh)  # the optimizer's numbers: an input of the step
     stand_in = None
     if r.model.ep_transport == "ragged" and r.hardware.mesh.expert > 1 and jax.default_backend() == "cpu":
@@ -320,7 +322,7 @@ def compile_steps(cfg) -> dict:
     try:
         out = {"train_step": step_report(train_step, state, batch, hp, carry_shape=carry, staging=staging,
                                          name="train step"),
-               "eval_step": step_report(eval_step, state, batch, name="eval step")}
+               "eval_step": step_report(eval_step, state, eval_batch, name="eval step")}
     finally:
         if stand_in is not None:
             stand_in.pop("_restore")()

@@ -98,7 +98,13 @@ def plan(cfg: Config) -> dict:
     }
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "mode": t.init_from_mode, "seq_lens": derive.stage_seq_lens(cfg),
-                       "first_step": first, "last_step": last}
+                       "first_step": first, "last_step": last,
+                       # the recipe the stage keeps (spec §9 "Context launcher"): stated, not implied
+                       "qk_mult": cfg.attention.qk_mult,
+                       "qk_mult_rule": derive.qk_mult_through(cfg.attention.qk_mult_base, derive.stage_seq_lens(cfg)),
+                       "eval_seq_len": cfg.train.eval_seq_len, "transport": cfg.model.ep_transport,
+                       "mixture": cfg.data.name, "shuffle_window": cfg.data.shuffle_window,
+                       "decay": [{"pattern": r.pattern, "start": r.start} for r in cfg.optim.decay]}
     if hw.peak_flops_per_device > 0:
         out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
     if hw.launcher == "slurm":
@@ -227,6 +233,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
             ("stage steps", f"{p['init']['first_step']:,} → {p['init']['last_step']:,} of the run's "
                             f"{p['run_steps']:,} (steps, tokens and FLOPs above are the stage's)"),
+            *_stage_rows(p["init"]),
         ]))
     if p.get("data"):
         most = sorted(p["data"].items(), key=lambda kv: (-max(kv[1], default=0.0), kv[0]))
@@ -262,6 +269,19 @@ def _simulated_rows(sim: dict | None) -> list[tuple[str, str]]:
                                    f"{_short(sim['run_tokens'])} of a {sim['target_tokens'] / 1e12:g}T-token target), "
                                    f"so epochs are the target's: {sim['cells_repeated']} of {sim['cells']} "
                                    f"cells repeat, at most {sim['max_epochs']:.2f} epochs")]
+
+
+def _stage_rows(init: dict) -> list[tuple[str, str]]:
+    """What a context stage keeps of the run before it, as the dry run shows it."""
+    if "qk_mult" not in init:  # a plan saved before these fields
+        return []
+    decay = ", ".join(f"{d['pattern']} from step {d['start']:,}" if d["start"] else d["pattern"]
+                      for d in init["decay"]) or "none"
+    window = f"{init['shuffle_window']:,}-token shuffle windows" if init["shuffle_window"] else "no shuffle window"
+    return [("qk_mult", f"{init['qk_mult']:.5g} (stated; the §7 rule gives {init['qk_mult_rule']:.5g})"),
+            ("eval seq_len", f"{init['eval_seq_len']:,}"),
+            ("kept", f"{init['transport']} transport; mixture {init['mixture']}; decay {decay}"),
+            ("read positions", f"each source at its next whole chunk ({window})")]
 
 
 def _layout(lay: dict) -> str:

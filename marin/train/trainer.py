@@ -197,6 +197,14 @@ class Trainer:
                 self._stop(signum, n)
         return state
 
+    def _eval_shaped(self, batch: dict) -> dict:
+        """A batch of the eval batches' shape: the train batch's, unless train.eval_seq_len differs (a
+        context stage scores at pretraining's length): then the first eval batch."""
+        if self.cfg.train.eval_seq_len == self.cfg.train.seq_len:
+            return batch
+        first = next((b[0] for b in self.loader.eval_batches().values() if b), None)
+        return batch if first is None else self.to_global(first)
+
     def _compile(self, state, batch) -> None:
         """Both steps compiled here, each timed on its own line (their calls reuse these
         executables: nothing compiles in the loop). A job of several processes then waits for the
@@ -208,7 +216,7 @@ class Trainer:
         self.train_step.lower(state, batch, self.hp).compile()
         self._phase_done("compiling the train step", began)
         began = time.perf_counter()
-        self.evaluator.eval_step.lower(state, batch).compile()  # eval batches: the same shapes
+        self.evaluator.eval_step.lower(state, self._eval_shaped(batch)).compile()
         self._phase_done("compiling eval", began)
         if jax.process_count() > 1:
             meet("compiled", self.cfg.hardware.init_timeout_s)
