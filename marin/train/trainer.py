@@ -128,7 +128,7 @@ class Trainer:
             summary = self._fit()
             status = "FINISHED"
             ending = self._ending("finished" if self.stop >= self.total else "stopped", self.stop,
-                                  "" if self.stop >= self.total else "train.stop_after")
+                                  "" if self.stop >= self.total else self._stopped_by())
             return summary
         except Stopped as stop:
             status = "KILLED"
@@ -150,6 +150,11 @@ class Trainer:
             raise
         finally:
             self._end(status, ending)
+
+    def _stopped_by(self) -> str:
+        """The field that ended the run short of its last step: train.stop_at (a lineage's cutover,
+        kept by resume=) or train.stop_after (this invocation's)."""
+        return "train.stop_at" if self.stop == self.cfg.train.stop_at else "train.stop_after"
 
     def _ending(self, how: str, step: int | None, why: str = "") -> Ending:
         """How this invocation ended; `step` None: the last step logged (or restored)."""
@@ -303,7 +308,7 @@ class Trainer:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
         self.total = total = cfg.schedule.horizon_steps or cfg.train.steps  # a shortened horizon ends the run early
-        self.start, self.stop = int(state.step), min(total, cfg.train.stop_after or total)
+        self.start, self.stop = int(state.step), min(total, cfg.train.stop_after or total, cfg.train.stop_at or total)
         self.loads = ExpertLoadLog(rec.run_dir, self.start, total, cfg.train.log_every, enabled=process == 0)
         self.metrics = MetricLogger(cfg, self.tracker, self.loads, self.start, self.stop, self.ckpt.restored_from,
                                     enabled=process == 0, watchdog=self.watchdog, total=total)
