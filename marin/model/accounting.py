@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marin.config.counts import Shapes, active_params_of, layer_is_global, total_params_of  # shapes: config arithmetic
 from marin.config.derive import OffloadCost, batch_shards, remat_mode
@@ -502,8 +502,11 @@ def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
     step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
     dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
-    gives every expert room for all T tokens."""
+    gives every expert room for all T tokens. T is `train.eval_seq_len` (a context stage scores
+    at pretraining's length)."""
 
+    if isinstance(cfg.train.eval_seq_len, int) and cfg.train.eval_seq_len != cfg.train.seq_len:
+        cfg = replace(cfg, train=replace(cfg.train, seq_len=cfg.train.eval_seq_len))
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
     u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))

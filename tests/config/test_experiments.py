@@ -121,6 +121,9 @@ def test_context_stages_keep_the_recipe_in_force_at_their_step():
         assert all(r.start == 58_014 < first for r in cfg.optim.decay) and cfg.optim.decay == hero.optim.decay
         assert cfg.train.eval_seq_len == hero.train.seq_len == 4096 != cfg.train.seq_len
         assert not cfg.eval.with_drops  # dropless only after the ragged switch (spec §9)
+        from marin.model import accounting  # the eval estimate is at the eval length, not the stage's
+        at_stage_len = make_config(f"experiment={name}", f"train.eval_seq_len={cfg.train.seq_len}", "dry_run=true")
+        assert accounting.eval_memory_per_device(cfg) < accounting.eval_memory_per_device(at_stage_len)
         window = cfg.data.shuffle_window
         assert window == hero.data.shuffle_window and all(window % n == 0 for n in derive.stage_seq_lens(cfg))
 

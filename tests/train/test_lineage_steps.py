@@ -1,10 +1,11 @@
 """Issue 40 items 6 and 7 end to end, on one tiny run at seq_len 32 with checkpoints every 3 steps:
 
 - `train.stop_at=4` (a lineage's cutover, not a checkpoint step) ends a fork of it at exactly step
-  4 with a checkpoint there, STOPPED 4/8; `fork=<it>@4` then works.
+  4 with a checkpoint there, STOPPED 4/8; `resume=` keeps it (nothing to train); `fork=<it>@4`
+  then works.
 - a context stage at seq_len 64 from that checkpoint (`train.init_from=…@4`, continue mode)
   continues every source at its next whole chunk of 64 tokens (data.shuffle_window 64), not at the
-  closed form a fresh run at 64 would use."""
+  closed form a fresh run at 64 would use; it scores its eval at 32 tokens (train.eval_seq_len)."""
 from __future__ import annotations
 
 import shlex
@@ -26,6 +27,7 @@ def test_stop_at_makes_the_cutover_checkpoint_and_a_stage_keeps_every_read_posit
     from marin.data.loader import Loader
     from marin.launch.checks import load
     from marin.launch.fork import fork
+    from marin.launch.resume import resume
     from marin.track import record, runstate
     from marin.train.checkpoint import checkpoint_dir, listed_steps
     from marin.train.loop import train
@@ -48,17 +50,26 @@ def test_stop_at_makes_the_cutover_checkpoint_and_a_stage_keeps_every_read_posit
         run = MlflowClient(made.tracking_uri).get_run(made.run_id)
         assert runstate.state(run.info.status, run.data.tags) == "STOPPED"
         assert run.data.tags["ended"].startswith("stopped at step 4 of 8 (train.stop_at)")
+        capsys.readouterr()
+        resume([f"resume={made.run_dir}"])  # stop_at is the run's, not one invocation's: nothing to train
+        assert "already at step 4 of 8 (train.stop_at=4, kept by resume=)" in capsys.readouterr().out
+        assert listed_steps(checkpoint_dir(made.run_dir)) == [4]
         child = fork(OmegaConf.create({"fork": then.split("=", 1)[1]}), [then, *where, "train.stop_after=5"])
         assert OmegaConf.load(child.run_dir / "resolved.yaml").fork == f"{made.run_id}@4"
         assert child.run_dir != made.run_dir and listed_steps(checkpoint_dir(child.run_dir)) == [5]
 
-        stage_args = [*RUN, "train.seq_len=64", "train.init_seq_len=32",
+        stage_args = [*RUN, "train.seq_len=64", "train.init_seq_len=32", "train.eval_seq_len=32",
                       f"train.init_from={made.run_dir}@4", "train.init_from_mode=continue", "train.stop_after=6",
                       *where]
         composed, stage_cfg = load(compose_dict(*stage_args))
         stage = record.create(composed, stage_cfg, stage_args)
         train(stage_cfg, stage)
 
+    import json
+
+    rows = [json.loads(x) for x in (stage.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["key"].startswith("eval/") and r["step"] == 6 for r in rows)  # scored at 32 tokens, trained at 64
+    assert {b["inputs"].shape[1] for s in Loader(stage_cfg, progress=False).eval_batches().values() for b in s} == {32}
     at_cut = _saved_meta(made.run_dir, 4)
     assert at_cut["data"]["seq_len"] == 32
     expected = Loader(stage_cfg, progress=False)
