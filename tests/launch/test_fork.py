@@ -144,3 +144,17 @@ def test_a_fork_at_a_step_without_a_checkpoint_says_how_to_make_one_and_writes_n
                         f"run.name=default-to4, then fork=default-to4@4")
     assert (sorted(p.name for p in runs.iterdir()),
             len(client.search_runs([client.get_run(parent.run_id).info.experiment_id]))) == before
+
+
+@pytest.mark.parametrize("step, make", [(7, "python launch.py resume={dir} train.stop_at=7"),   # the run is below it
+                                        (2, "python launch.py reproduce={id} train.stop_at=2")])  # nothing below it
+def test_the_missing_step_line_names_the_command_that_fits(tmp_path_factory, step, make, capsys):
+    from marin.launch.fork import fork
+
+    parent = forkable_run(tmp_path_factory)
+    spec = f"{parent.run_dir}@{step}"
+    with pytest.raises(SystemExit) as exit_:
+        fork(OmegaConf.create({"fork": spec}), [f"fork={spec}"])
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")][-1]
+    assert exit_.value.code == 2
+    assert line.endswith("make one: " + make.format(dir=parent.run_dir, id=parent.run_id))
