@@ -1,13 +1,15 @@
 """`python -m marin.forecast <ladder sweep> --target <experiment>`: the ladder's loss forecast.
 
-At each 5% of training, fit L(C) = E + A·C^−α across the ladder's runs (spec §4): L is the
-evaluation loss at that point (``eval/macro_loss`` by default, interpolated between evaluations
-when none falls exactly there), C the training FLOPs so far without the output head
-(3 × `accounting.flops_per_token(cfg, with_head=False)` × tokens seen, from each run's resolved
-config). E is fixed (1.5, as in the spec) and the fit is the linear regression of log(L − E) on
-log C; ``--fit-E`` fits E as well (least squares on L). The target's C at the same point comes
-from its config alone (compose ``experiment=<target>``, as its dry run does). Prints a table,
-saves a plot and logs both to the sweep's parent run.
+At each 5% of training, fit L(C) = E + A·C^−α across the ladder's runs (spec §4, §9): L is the
+evaluation loss at that point (the dropless Paloma macro loss by default, `METRIC`; each evaluation
+snapped to the nearest 5% of its run, the later one winning, as Marin's plot_scaling_ladder.py;
+interpolated between points where none snaps), C the training FLOPs so far without the output head
+(`accounting.forecast_flops`, from each run's resolved config; `forecast.c_last_layer_global`
+false counts the global layers as Marin's ladder FLOPs did, 5 of d2048's 6). E is fixed (1.5, as
+in the spec) and the fit is the linear regression of log(L − E) on log C; ``--fit-E`` fits E as
+well (least squares on L). The target's C at the same point comes from its config alone (compose
+``experiment=<target>``, as its dry run does). Prints a table, saves a plot and logs both to the
+sweep's parent run.
 
 ``--register [PATH]`` also pre-registers the forecast (default ``outputs/forecasts/<target>.yaml``,
 git-ignored, so registering does not make every later run "dirty"; a path in the project's tracked
@@ -46,6 +48,7 @@ from marin.track.record import COMPOSED, RESOLVED, flatten
 log = logging.getLogger("marin.forecast")
 
 FRACTIONS = tuple(round(0.05 * k, 2) for k in range(1, 21))
+METRIC = "eval/paloma/macro_loss"  # published eval_dropless/paloma/macro_loss (spec §9): Evaluator's dropless name
 DEFAULT_E = 1.5
 MIN_RUNGS = 3
 # Composed-config leaves a ladder's rungs may differ in: size, batch, where it runs, step counts
@@ -59,8 +62,9 @@ LADDER_FREE = ("model.name", "model.d_model", "model.num_layers", "model.expert_
 
 
 # A rung that stopped early (a crash) is completed linearly from its evaluations in this window of
-# its run, as the published ladder did for d2048 (stopped at 81%, spec §8); one that stopped
-# before EXTRAPOLATE_FROM is refused.
+# its run, as the published ladder did for d2048 (stopped at 81%, spec §8), plus the rung's
+# `forecast.extrapolation_offset` (d2048: 0.005, spec §9); one that stopped before
+# EXTRAPOLATE_FROM is refused.
 EXTRAPOLATE_FROM, EXTRAPOLATE_TO = 0.6, 0.8
 FAR = 100.0          # a target more than this many times the largest rung's compute is flagged
 SAME_RECIPE = 0.05   # rungs and target "train alike" when their tokens per active parameter are this close
@@ -81,6 +85,7 @@ class Rung:
     leaves: dict | None = None     # its composed config, flattened (what a ladder check compares)
     line: tuple[float, float] | None = None  # (slope, intercept) past its last evaluation (`extrapolated`)
     tokens_per_param: float | None = None    # tokens trained per active parameter over its horizon
+    offset: float = 0.0            # added past its last evaluation (its forecast.extrapolation_offset)
 
     @property
     def stopped_at(self) -> int | None:
@@ -96,10 +101,20 @@ class Rung:
         steps = [s for s, _ in self.history]
         if self.extrapolated_at(step) and step <= self.steps:
             slope, intercept = self.line
-            return float(intercept + slope * step)
+            return float(intercept + slope * step + self.offset)
         if not steps or step < steps[0] or step > steps[-1]:
             return None
         return float(np.interp(step, steps, [v for _, v in self.history]))
+
+
+def snapped(history: list[tuple[int, float]], steps: int) -> list[tuple[float, float]]:
+    """Each evaluation moved to the nearest 5% of the run (step = fraction × steps), a later one
+    replacing an earlier one at the same point: the published forecast's points (Marin's
+    plot_scaling_ladder.py), so an evaluation a step or two off its 5% point still lands there."""
+    points = {}
+    for step, value in sorted(history):
+        points[round(round(step / steps * 20) / 20, 2)] = value
+    return [(fraction * steps, value) for fraction, value in sorted(points.items())]
 
 
 def extrapolated(rung: Rung) -> Rung:
@@ -110,7 +125,7 @@ def extrapolated(rung: Rung) -> Rung:
     if last >= rung.steps:
         return rung
     done = last / rung.steps
-    where = f"rung {rung.name} ({rung.run_id}) stopped at {done:.0%} of its run (step {last:,} of {rung.steps:,})"
+    where = f"rung {rung.name} ({rung.run_id}) stopped at {done:.0%} of its run (step {last:,.0f} of {rung.steps:,})"
     if done < EXTRAPOLATE_FROM:
         raise NotALadder(f"{where}: a rung is extrapolated only from {EXTRAPOLATE_FROM:.0%} on; "
                          "finish or resume it, or leave it out of the sweep")
@@ -146,7 +161,8 @@ class Fit:
 
 
 def training_flops_per_step(cfg: Config) -> float:
-    return 3.0 * accounting.flops_per_token(cfg, with_head=False) * cfg.train.seq_len * cfg.train.global_batch
+    """C per step: `accounting.forecast_flops` of one step (no head; the rung's count of global layers)."""
+    return float(accounting.forecast_flops(cfg, steps=1))
 
 
 def horizon(cfg: Config) -> int:
@@ -172,8 +188,9 @@ def rungs_of(client, parent, metric: str) -> list[Rung]:
             continue
         cfg = load_resolved(run_dir)
         rungs.append(extrapolated(Rung(kid.info.run_name or kid.info.run_id, kid.info.run_id, horizon(cfg),
-                                       training_flops_per_step(cfg), history, _composed_leaves(run_dir),
-                                       tokens_per_param=tokens_per_param(cfg))))
+                                       training_flops_per_step(cfg), snapped(history, horizon(cfg)),
+                                       _composed_leaves(run_dir), tokens_per_param=tokens_per_param(cfg),
+                                       offset=cfg.forecast.extrapolation_offset)))
     return rungs
 
 
@@ -377,7 +394,7 @@ def plot(fits: list[Fit], target: str, path: Path) -> Path:
     return path
 
 
-def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: float | None = DEFAULT_E,
+def forecast(client, parent, target: str, metric: str = METRIC, E: float | None = DEFAULT_E,
              target_overrides: list[str] = (), rungs: list[Rung] | None = None) -> tuple[list[Fit], Config]:
     """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder.
     `rungs`, if given, is filled with the ladder's runs (for a registration)."""
@@ -388,7 +405,7 @@ def forecast(client, parent, target: str, metric: str = "eval/macro_loss", E: fl
     cfg = target_config(target, list(target_overrides))
     fits = [f for f in (fit_at(found, frac, E) for frac in FRACTIONS) if f is not None]
     for fit in fits:
-        fit.target_C = training_flops_per_step(cfg) * fit.fraction * horizon(cfg)
+        fit.target_C = accounting.forecast_flops(cfg) * fit.fraction
     return fits, cfg
 
 
@@ -411,7 +428,7 @@ def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, m
                        "fit": {"E": float(fit.E), "A": float(fit.A), "alpha": float(fit.alpha), "r2": float(fit.r2),
                                "rungs": len(fit.points)}})
     return {"target": target,
-            "target_C": int(accounting.train_flops(cfg, with_head=False)),
+            "target_C": int(accounting.forecast_flops(cfg, steps=cfg.train.steps)),
             "target_overrides": list(overrides),
             "horizon_steps": horizon(cfg),
             "metric": metric,
@@ -421,7 +438,8 @@ def registration(fits: list[Fit], rungs: list[Rung], cfg: Config, target: str, m
             "sweep": {"parent_run_id": parent.info.run_id, "name": parent.data.tags.get("sweep"),
                       "dir": parent.data.tags.get("sweep_dir")},
             "ladder": [{"name": r.name, "run_id": r.run_id, "steps": r.steps, "flops_per_step": float(r.flops_per_step),
-                        **({"stopped_at": r.stopped_at} if r.stopped_at is not None else {})}
+                        **({"stopped_at": r.stopped_at} if r.stopped_at is not None else {}),
+                        **({"extrapolation_offset": r.offset} if r.stopped_at is not None and r.offset else {})}
                        for r in rungs],
             "registered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **({"caveats": list(forced)} if forced else {}),  # registered anyway (--force)
@@ -437,7 +455,13 @@ def _band_text(fit: Fit, raw: bool = False) -> str:
     return f"{band[0]:.4f}–{band[1]:.4g}" if raw else f"{band[0]:.4f}–{band[1]:.4f}"
 
 
-def table(fits: list[Fit], target: str, warnings: list[str] = ()) -> str:
+def _offsets(rungs: list[Rung]) -> str:
+    """The rungs' forecast.extrapolation_offset, as the table's footnote shows them."""
+    added = [f"{r.name} {r.offset:+.3f}" for r in rungs if r.line is not None and r.offset]
+    return f", plus its forecast.extrapolation_offset ({', '.join(added)})" if added else ""
+
+
+def table(fits: list[Fit], target: str, warnings: list[str] = (), rungs: list[Rung] = ()) -> str:
     lines = [f"{'at':>4}  {'rungs':>5}  {'E':>6}  {'A':>10}  {'alpha':>7}  {'R²':>6}  {'target C':>10}  "
              f"{target + ' loss':>14}  95% band"]
     for f in fits:
@@ -446,7 +470,7 @@ def table(fits: list[Fit], target: str, warnings: list[str] = ()) -> str:
                      f"{f.r2:>6.3f}  {f.target_C:>10.3e}  {f.predict(f.target_C):>14.4f}  {_band_text(f)}{flag}")
     if any(f.extrapolated for f in fits):
         lines.append(f"* a rung that stopped early, its loss extended linearly from its "
-                     f"{EXTRAPOLATE_FROM:.0%}–{EXTRAPOLATE_TO:.0%} evaluations")
+                     f"{EXTRAPOLATE_FROM:.0%}–{EXTRAPOLATE_TO:.0%} evaluations" + _offsets(rungs))
     lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines)
 
@@ -477,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="experiment whose loss to predict (conf/experiment/<name>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the target's config (repeatable)")
-    parser.add_argument("--metric", default="eval/macro_loss")
+    parser.add_argument("--metric", default=METRIC)
     parser.add_argument("--E", type=float, default=DEFAULT_E, help="the fixed asymptote (default 1.5)")
     parser.add_argument("--fit-E", action="store_true", help="fit E too instead of fixing it")
     parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
@@ -513,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(first_line(err))
     except Exception as err:  # the target does not compose, the store answers with an error
         fail(f"{type(err).__name__}: {first_line(err)}")
-    text = table(fits, args.target, warnings)
+    text = table(fits, args.target, warnings, rungs)
     print(text)
     final = fits[-1]
     print(f"forecast for {args.target} at {round(final.fraction * 100)}% of training: "

@@ -125,11 +125,18 @@ def print_published(data: dict, out=None) -> None:
     for r in runs:
         steps = f"{r['from_step']:,}–{'' if r.get('to_step') is None else format(r['to_step'], ',')}"
         print(f"  {r['run']:<{width}}  steps {steps:<17}  {r['changed']}", file=out)
-    print("as commands:", file=out)
-    print(f"  {data['launch']}", file=out)
+    print("as commands (each run ends at its cutover with a checkpoint there, train.stop_at, which the next "
+          "forks):", file=out)
+    print(f"  {data['launch']}{_stop_at(runs[0])}", file=out)
     for before, r in zip(runs, runs[1:]):
         print("  " + shell_join(["python", "launch.py", override("fork", f"{before['run']}@{r['from_step']}"),
-                                 override("run.name", r["run"]), *(r.get("overrides") or [])]), file=out)
+                                 override("run.name", r["run"]), *(r.get("overrides") or [])]) + _stop_at(r), file=out)
+
+
+def _stop_at(run: dict) -> str:
+    """` train.stop_at=<to_step>`: the cutovers are not checkpoint steps (spec §9), so a run of the
+    lineage stops, with a checkpoint, exactly where the next one forks; none for the last."""
+    return "" if run.get("to_step") is None else f" train.stop_at={run['to_step']}"
 
 
 def main(argv: list[str] | None = None) -> None:

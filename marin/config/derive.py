@@ -172,6 +172,24 @@ def phase_boundary_steps(cfg: Config) -> list[int]:
     return [max(multiple, max(1, int(f * steps)) // multiple * multiple) for f in cfg.data.phase_boundaries]
 
 
+def simulated_epoch_fraction(cfg: Config, run_flops: float) -> float | None:
+    """The share of each cell's tokens a run reads under `data.simulated_epoching` (Marin's ladder,
+    levanter's experiment_budget / target_budget): the run's tokens (its planned steps) / the target's,
+    so a cell drawn e epochs by the target run is drawn e epochs by this one. None when off: no
+    target, or `run_flops` (the run's training FLOPs, head included) above `below_flops`."""
+    sim = cfg.data.simulated_epoching
+    if sim.target_tokens is None or (sim.below_flops is not None and run_flops > sim.below_flops):
+        return None
+    steps = cfg.schedule.horizon_steps or cfg.train.steps
+    return steps * cfg.train.seq_len * cfg.train.global_batch / sim.target_tokens
+
+
+def simulated_chunks(chunks: int, fraction: float | None) -> int:
+    """A cell's sequences (chunks of seq_len tokens) under simulated epoching: levanter's
+    int(length × fraction), at least one so that a tiny cell still has something to repeat."""
+    return chunks if fraction is None else min(chunks, max(1, int(chunks * fraction)))
+
+
 class OffloadCost(NamedTuple):
     """What the memory plan says of one offload layout (per device): the device estimate a
     verdict judges, the pinned host bytes, and the bytes moved over the host link per step."""
@@ -332,6 +350,8 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     if is_auto(hw.mesh.data):
         others = hw.mesh.replica_dcn * hw.mesh.expert * hw.mesh.model
         hw.mesh.data = max(1, device_count(hw) // max(1, others))
+    if is_auto(t.eval_seq_len):
+        t.eval_seq_len = t.seq_len
     if is_auto(t.micro_batch):
         t.micro_batch = max(1, t.global_batch // max(1, batch_shards(hw)))
 

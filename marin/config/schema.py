@@ -152,6 +152,17 @@ class EvalSetConfig:
 
 
 @dataclass
+class SimulatedEpochingConfig:
+    """A small run repeats each cell as often as a larger target run would (spec §9, Marin's ladder):
+    every cell is cut to the run's tokens / target_tokens of its tokens (`marin.config.derive`)."""
+    target_tokens: Optional[float] = setting(None, "the token budget whose epochs the run simulates (the hero "
+                                             "mixture's 15T + 3.75T = 1.875e13); None = off", range=POSITIVE)
+    below_flops: Optional[float] = setting(None, "only runs of at most this many training FLOPs (spec §1b, head "
+                                           "included) simulate; larger ones read whole cells (Marin: 1e23); "
+                                           "None = any run", range=POSITIVE)
+
+
+@dataclass
 class DataConfig:
     """The mixture (`conf/data/`, code in `marin/data/`); list leaves are checked by marin.data.mixture."""
     name: str = setting(CHOSEN, "the option chosen; option files do not repeat it (marin.config.store.name_options)")
@@ -171,8 +182,13 @@ class DataConfig:
     phase_names: List[str] = setting(factory=lambda: ["pretrain"])
     phase_boundaries: List[float] = setting(help="fractions of the run in (0, 1)", factory=list)
     max_epochs: float = setting(8.0, "no source may repeat more than this", range=POSITIVE)
+    simulated_epoching: SimulatedEpochingConfig = setting(factory=SimulatedEpochingConfig)
     sampling: str = setting("epoch", "epoch (each source read in seeded epochs) | random (with replacement)",
                             choices=("epoch", "random"))
+    shuffle_window: int = setting(
+        0, "data.sampling=epoch: tokens read in order within each shuffled window (a multiple of every stage's "
+        "train.seq_len): a stage of another seq_len then continues each source exactly where it was; 0 = every "
+        "chunk shuffled alone", range=count(0))
     eval_sets: List[EvalSetConfig] = setting(factory=list)
     cache_dir: Optional[str] = setting(None, "token cache; default <run.out_dir>/cache/tokens")
     loss_targets: str = setting(
@@ -312,6 +328,9 @@ class TrainConfig:
     """The loop (`marin/train/`)."""
     steps: Any = setting(AUTO, "auto = from the token budget, or a number", range=count(1))
     stop_after: Optional[int] = setting(None, "stop early; the schedule is unchanged", range=count(1))
+    stop_at: Optional[int] = setting(
+        None, "end this run at exactly this step with a checkpoint there, for a fork=<run>@<step> (a lineage's "
+        "cutover); unlike stop_after, resume= and requeues keep it (train.stop_at=null goes on)", range=count(1))
     tokens_per_active_param: float = setting(791.0, "token budget rule for steps=auto", range=POSITIVE)
     seq_len: int = setting(128, "tokens per sequence", range=count(1))
     global_batch: int = setting(16, "sequences per step, all processes together", range=count(1))
@@ -323,6 +342,8 @@ class TrainConfig:
                                           "(production's)", range=count(1))
     eval_batch_size: Any = setting(AUTO, "sequences per evaluation batch, all processes together; auto = 64 per "
                                    "rack (hardware.racks): the hero's 704, one per device", range=count(1))
+    eval_seq_len: Any = setting(AUTO, "tokens per eval sequence; auto = train.seq_len (a context-extension stage keeps "
+                           "pretraining's 4,096, so its scores compare with the run before)", range=count(1))
     log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
     init_from: Optional[str] = setting(None, "start from another run's checkpoint (<run>[@<step>])")
     init_from_mode: str = setting(
@@ -388,6 +409,11 @@ class ForecastConfig:
     """A pre-registered loss forecast this run is checked against (`marin/track/forecast_check.py`)."""
     registered: Optional[str] = setting(None, "outputs/forecasts/<experiment>.yaml from `marin.forecast --register` "
                                         "(or its committed copy in conf/forecasts/)")
+    extrapolation_offset: float = setting(0.0, "added to this rung's loss where the forecast extends it past its "
+                                          "last evaluation (the published d2048 rung: its 60–80% line + 0.005)")
+    c_last_layer_global: bool = setting(True, "the forecast's C counts the last layer as global, as the model runs "
+                                        "it; false: every 4th layer only, as Marin's ladder FLOPs counted d2048 "
+                                        "(5 of its 22 layers, the model ran 6)")
 
 
 @dataclass

@@ -178,6 +178,12 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
                          "with-drops evaluation stopped at the ragged switch); got true"))
     if t.stop_after is not None and t.stop_after > t.steps:
         problems.append(("train.stop_after", f"must be ≤ train.steps ({t.steps}); got {t.stop_after}"))
+    if t.stop_at is not None and t.stop_at > t.steps:
+        problems.append(("train.stop_at", f"must be ≤ train.steps ({t.steps}); got {t.stop_at}"))
+    window = cfg.data.shuffle_window
+    if window and window % t.seq_len:
+        problems.append(("data.shuffle_window", f"must be a multiple of train.seq_len ({t.seq_len}): a window "
+                         f"holds whole rows; got {window}"))
     h = cfg.schedule.horizon_steps
     if h is not None and not 1 <= h <= t.steps:
         problems.append(("schedule.horizon_steps", f"must be in [1, train.steps={t.steps}]; got {h}"))

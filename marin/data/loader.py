@@ -20,6 +20,10 @@ continues every source where it was: rows drawn before step N ≥ R (the restore
 saved rows at R plus what the *current* weights draw over [R, N) (their closed form at N minus at
 R). With an unchanged mixture the saved rows equal the closed form, so the batches are the
 uninterrupted run's; either way a batch is a pure function of (seed, mixture history, step).
+Positions saved at another seq_len (a context-extension stage, `train.init_from_mode=continue`)
+continue each source at its next whole chunk of the new length; with `data.shuffle_window` (windows
+shuffled, their chunks read in order; a multiple of both lengths) that is exactly the next text of
+its window (`_rows_at`).
 
 NumPy only (no JAX). Batch arrays: ``inputs``/``targets`` int32 [b, T], ``segment_ids`` int32
 [b, T] (documents numbered from 1 in each row, 0 = padding), ``loss_mask`` float32 [b, T] (which
@@ -33,6 +37,7 @@ import logging
 
 import numpy as np
 
+from marin.config import derive
 from marin.data import mixture, sampling
 from marin.data.prepare import Shard, prepare
 from marin.data.tokenizers import check_vocab, load_tokenizer
@@ -97,7 +102,14 @@ class Loader:
         """What `data.sampling=epoch` derives once: each phase's row intervals and the rows every
         source drew before each phase starts."""
         B = self.global_batch
-        self._chunks = -(-self._num_tokens // self.seq_len)  # K = ⌈N / T⌉ chunks per epoch
+        # K = ⌈N / T⌉ chunks per epoch (or whole shuffle windows of them); simulated epoching
+        # (data.simulated_epoching) keeps the run's share of them, read from one seeded start every
+        # epoch: the same tokens repeat, as the target run repeats its whole cells (levanter slices
+        # each cell once, then epochs over it).
+        self._fraction = fraction = mixture.simulated_fraction(self.cfg)
+        self._chunks = self._chunks_per_epoch(self.seq_len)
+        self._offset_moves = np.uint64(fraction is None)  # 0: every epoch starts where the first did
+        self._epoch_tokens = np.minimum(self._chunks * self.seq_len, self._num_tokens)
         self._ids = np.asarray([sampling.name_id(n) for n in self.source_names], np.uint64)
         self._edges = [sampling.boundaries(w, B) for w in weights]
         self._beta = [int(sampling.key(self.seed, PHASE_STREAM, p)[0] % np.uint64(sampling.M))
@@ -107,6 +119,23 @@ class Loader:
         for p, (a, b) in enumerate(zip(self._starts, self._starts[1:])):
             self._phase_rows.append(self._phase_rows[-1] + self._rows_in_phase(p, b - a))
         self._memo = (-2, None, None)  # (step, rows before it, rows at it): consecutive steps are O(S)
+
+    def _chunks_per_epoch(self, T: int, W: int | None = None) -> np.ndarray:
+        """K per source: ⌈N / T⌉ chunks, or with a shuffle window W (`data.shuffle_window`), ⌈N / W⌉
+        windows of W / T chunks (the last window wraps the circular stream: ≤ W tokens twice an epoch);
+        under simulated epoching, the run's share of them."""
+        W = self.cfg.data.shuffle_window if W is None else W
+        units = -(-self._num_tokens // (W or T))  # windows (or chunks) of a whole epoch
+        kept = np.asarray([derive.simulated_chunks(int(k), self._fraction) for k in units], np.int64)
+        return kept * (W // T if W else 1)
+
+    def _shuffled(self, chunk: np.ndarray, K: np.ndarray, ident: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+        """The epoch's read order: the chunk the `chunk`-th row of an epoch reads. W = 0: every chunk
+        shuffled alone; else the windows shuffled, the chunks of each read in order (so a stage of
+        another seq_len dividing W continues each source's text where it was: `_rows_at`)."""
+        per = self.cfg.data.shuffle_window // self.seq_len or 1
+        window, within = np.divmod(chunk, per)
+        return sampling.permute(window, K // per, sampling.key(self.seed, ORDER_STREAM, ident, epoch)) * per + within
 
     def _rows_in_phase(self, p: int, steps: int) -> np.ndarray:
         return sampling.rows_before(self._edges[p], max(0, steps), self._beta[p])
@@ -162,8 +191,9 @@ class Loader:
         drawn = before[src] + slot_rank[mine]  # this is the source's drawn-th row, ever
         K, N, ident = self._chunks[src], self._num_tokens[src], self._ids[src]
         epoch, chunk = np.divmod(drawn, K)
-        chunk = sampling.permute(chunk, K, sampling.key(self.seed, ORDER_STREAM, ident, epoch))
-        offset = (sampling.key(self.seed, OFFSET_STREAM, ident, epoch) % N.astype(np.uint64)).astype(np.int64)
+        chunk = self._shuffled(chunk, K, ident, epoch)
+        offset = sampling.key(self.seed, OFFSET_STREAM, ident, epoch.astype(np.uint64) * self._offset_moves)
+        offset = (offset % N.astype(np.uint64)).astype(np.int64)
         start = (offset + chunk * self.seq_len) % N
         return counts, src, start
 
@@ -255,7 +285,8 @@ class Loader:
             rows = self._epoch_rows_seen(step)
         else:
             rows = {k: v // self.seq_len for k, v in self.tokens_seen(step).items()}
-        return {"sampling": self.sampling, "seq_len": self.seq_len, "rows": rows}
+        return {"sampling": self.sampling, "seq_len": self.seq_len, "shuffle_window": self.cfg.data.shuffle_window,
+                "rows": rows}
 
     def resume(self, step: int, meta: dict) -> None:
         """Continue from a checkpoint's `meta` (its `tokens_seen` and `data` = `position(step)`).
@@ -263,16 +294,19 @@ class Loader:
         `data.sampling=epoch`: every source continues from its saved read position whatever the
         current weights, which apply from `step` on. A checkpoint without positions, or with
         another row length or sampling, continues from the current mixture's closed form (the
-        behaviour before positions were saved)."""
+        behaviour before positions were saved).
+
+        Positions saved at another `seq_len` (a context-extension stage) continue each source at its
+        next whole chunk of the new length (`_rows_at`); tokens_seen then counts new-length rows."""
         self.resume_tokens_seen(step, meta.get("tokens_seen", {}))
         data = meta.get("data") or {}
         if self.sampling != "epoch":
             return
-        if data.get("sampling") != "epoch" or data.get("seq_len") != self.seq_len:
+        if data.get("sampling") != "epoch" or not isinstance(data.get("seq_len"), int):
             if data:
                 log.warning("the checkpoint's read positions (sampling %s, seq_len %s) do not apply to "
-                            "sampling epoch, seq_len %d: positions follow the current mixture",
-                            data.get("sampling"), data.get("seq_len"), self.seq_len)
+                            "sampling epoch: positions follow the current mixture",
+                            data.get("sampling"), data.get("seq_len"))
             return
         saved = {k: int(v) for k, v in data.get("rows", {}).items()}
         drawn = np.zeros(len(self.sources), np.int64)
@@ -280,6 +314,8 @@ class Loader:
         for k, v in saved.items():
             if (i := index.get(k.rsplit("/", 1)[0])) is not None:
                 drawn[i] += v
+        if data["seq_len"] != self.seq_len:
+            saved, drawn = self._rows_at(step, saved, drawn, data["seq_len"], int(data.get("shuffle_window") or 0))
         self._anchor = None
         self._memo = (-2, None, None)
         closed = self._rows_before(step)
@@ -288,13 +324,45 @@ class Loader:
             log.info("data: read positions restored at step %d (%d rows away from the current "
                      "mixture's closed form): each source continues where it was", step, moved)
 
+    def _rows_at(self, step: int, saved: dict[str, int], drawn: np.ndarray, old_len: int, old_window: int):
+        """Rows drawn at `old_len` → rows at this seq_len: each source's next row starts where its
+        last one ended, rounded up to a whole chunk of the new length (epoch e, in-epoch tokens
+        P = i·T_old → row ⌈P / T⌉ of epoch e; past the epoch's end, the next epoch's first). With a
+        `data.shuffle_window` both lengths divide, that is the next text of its window: nothing read
+        twice, nothing skipped beyond the rounding. With none (or another window before), the
+        epoch's remaining share continues, in the new length's order. Returns (saved rows per key,
+        drawn per source)."""
+        k_old, k_new = self._chunks_per_epoch(old_len, old_window), self._chunks
+        epoch, within = np.divmod(drawn, np.maximum(k_old, 1))
+        row = -(-(within * old_len) // self.seq_len)
+        epoch, row = np.where(row >= k_new, epoch + 1, epoch), np.where(row >= k_new, 0, row)
+        new = np.where(self._num_tokens > 0, epoch * k_new + row, 0)
+        window = self.cfg.data.shuffle_window
+        if not window or window != old_window:
+            log.warning("data: read positions saved at seq_len %d continue at seq_len %d by each source's share "
+                        "of its epoch; data.shuffle_window (a multiple of both) continues each one's text exactly",
+                        old_len, self.seq_len)
+        # The per-key rows (tokens_seen's accounting): each scaled down, the rounding on the current phase.
+        rows = {k: v * old_len // self.seq_len for k, v in saved.items()}
+        now = self.phase_names[self.phase(step)]
+        for i, name in enumerate(self.source_names):
+            keys = [k for k in rows if k.rsplit("/", 1)[0] == name]
+            if keys:
+                key = f"{name}/{now}" if f"{name}/{now}" in rows else keys[-1]
+                rows[key] += int(new[i]) - sum(rows[k] for k in keys)
+        log.info("data: read positions saved at seq_len %d continue at seq_len %d (each source at its next whole "
+                 "chunk)", old_len, self.seq_len)
+        return {k: v for k, v in rows.items() if v > 0}, new.astype(np.int64)
+
     def epochs_seen(self, step: int) -> dict[str, float]:
         """{source: epochs drawn over steps [0, step)} = its tokens drawn / its prepared tokens
-        (sources of zero weight in every phase are not prepared, and not listed)."""
+        (under simulated epoching its share of them; sources of zero weight in every phase are not
+        prepared, and not listed)."""
         drawn = dict.fromkeys(self.source_names, 0)
         for key, tokens in self.tokens_seen(step).items():
             drawn[key.rsplit("/", 1)[0]] += tokens
-        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, self._num_tokens) if t}
+        sizes = self._epoch_tokens if self.sampling == "epoch" else self._num_tokens
+        return {n: drawn[n] / int(t) for n, t in zip(self.source_names, sizes) if t}
 
     def resume_tokens_seen(self, step: int, totals: dict[str, int]) -> None:
         """Start the count at `step` from totals saved earlier (e.g. in a checkpoint)."""
@@ -324,7 +392,7 @@ class Loader:
 
     def _eval_layout(self, shard: Shard) -> tuple[int, int]:
         """(rows per eval batch, all processes; batches) of a held-out set."""
-        T, B = self.seq_len, self.cfg.train.eval_batch_size
+        T, B = self.cfg.train.eval_seq_len, self.cfg.train.eval_batch_size  # a context stage scores at pretraining's length
         if B % self.process_count:
             raise ValueError(f"train.eval_batch_size ({B}) must be divisible by the process count ({self.process_count})")
         rows_available = max(1, -(-(shard.num_tokens - 1) // T))
@@ -334,8 +402,10 @@ class Loader:
         return B, max(1, count)
 
     def _eval_window(self, shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[rows, T+1] tokens and document indices (-1 past the set's end: padding) of eval rows."""
-        idx = rows[:, None] * self.seq_len + np.arange(self.seq_len + 1)
+        """[rows, T+1] tokens and document indices (-1 past the set's end: padding) of eval rows
+        (T = train.eval_seq_len)."""
+        T = self.cfg.train.eval_seq_len
+        idx = rows[:, None] * T + np.arange(T + 1)
         valid = idx < shard.num_tokens
         safe = np.where(valid, idx, 0)
         window = np.where(valid, shard.tokens[safe], self.tokenizer.pad_id)
@@ -354,7 +424,8 @@ class Loader:
         B, count = self._eval_layout(shard)
         per = B // self.process_count
         start, stop = self.process_index * per, (self.process_index + 1) * per
-        return [_pack(*self._eval_window(shard, np.arange(b * B + start, b * B + stop)), self.seq_len,
+        return [_pack(*self._eval_window(shard, np.arange(b * B + start, b * B + stop)),
+                      self.cfg.train.eval_seq_len,
                       self.loss_targets) for b in range(count)]
 
 

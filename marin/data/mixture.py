@@ -24,6 +24,7 @@ from marin.config.derive import phase_boundary_steps
 from marin.config.paths import project_path
 from marin.data import builtin
 from marin.data.tokenizers import BYTE, check_vocab, load_tokenizer, tokenizer_path
+from marin.model import accounting  # pure Python: FLOPs decide whether a run simulates epochs
 
 KINDS = ("builtin", "text", "jsonl", "parquet")
 DEFAULT_ROOT = "."  # data.root when no site is set (schema.DataConfig.root)
@@ -194,21 +195,44 @@ def _cells_before(cfg) -> dict[str, tuple[float, ...]]:
     return {c.name: c.weights for c in read_cells(earlier)[0]}
 
 
+def simulated_fraction(cfg) -> float | None:
+    """The share of each cell this run reads (`data.simulated_epoching`); None when it reads whole cells."""
+    return accounting.simulated_epoch_fraction(cfg)
+
+
+def simulated_summary(cfg, available: dict[str, int] | None = None) -> dict | None:
+    """What `data.simulated_epoching` does to this run (the dry run's lines), None when unset: on or
+    off and why, the share of each cell, and how many cells repeat (more than one epoch) and at most."""
+    sim = cfg.data.simulated_epoching
+    if sim.target_tokens is None:
+        return None
+    flops = accounting.train_flops(cfg, steps=run_steps(cfg))
+    fraction = simulated_fraction(cfg)
+    epochs = [sum(e) for e in epochs_per_source(cfg, available).values()]
+    return {"on": fraction is not None, "fraction": fraction, "target_tokens": sim.target_tokens,
+            "run_tokens": sum(phase_tokens(cfg)), "run_flops": float(flops), "below_flops": sim.below_flops,
+            "cells": len(epochs), "cells_repeated": sum(e > 1 for e in epochs),
+            "max_epochs": max(epochs, default=0.0)}
+
+
 def epochs_per_source(cfg, available: dict[str, int] | None = None) -> dict[str, list[float]]:
     """{source: [epochs drawn in each phase]} = weight × phase tokens / available tokens.
 
     Only sources whose available tokens are known appear: from the config (`tokens`, the cells
     file) or from `available` (e.g. the prepared cache's counts). A cell swap at step S
     (`data.cells_from_step`, `data.cells_before`: the hero's at 108,000) counts the earlier weights
-    over [0, S) and the current ones after: read positions continue across it.
+    over [0, S) and the current ones after: read positions continue across it. Under simulated
+    epoching a cell's tokens are its share (`simulated_fraction`), so the epochs are the target's.
     """
     budgets = phase_tokens(cfg)
+    share = simulated_fraction(cfg) or 1.0  # simulated epoching: each cell cut to this share of its tokens
     before = _cells_before(cfg)
     swap = cfg.data.cells_from_step if before else 0
     early, late = phase_tokens_between(cfg, 0, swap), phase_tokens_between(cfg, swap, run_steps(cfg))
     out = {}
     for src in sources(cfg):
         known = (available or {}).get(src.name, src.tokens)
+        known = known and known * share
         if known and len(src.weights) == len(budgets):
             old = before.get(src.name, src.weights) if src.field == "data.cells_file" else src.weights
             out[src.name] = [(w0 * t0 + w * t) / known for w0, t0, w, t in zip(old, early, src.weights, late)]
@@ -238,6 +262,20 @@ def _weight_problems(cfg, srcs: list[Source]) -> list[tuple[str, str]]:
             problems.append((field, f"{label} weights sum to {total:.6g}, not 1 (they are not "
                              f"normalised for you): {_quote(pairs)}"))
     return problems
+
+
+def _simulated_problems(cfg) -> list[tuple[str, str]]:
+    target, tokens = cfg.data.simulated_epoching.target_tokens, sum(phase_tokens(cfg))
+    if simulated_fraction(cfg) is None:
+        return []
+    if cfg.data.sampling != "epoch":
+        return [("data.simulated_epoching", f"cuts cells under data.sampling=epoch only, not "
+                 f"{cfg.data.sampling}: set data.sampling=epoch, or unset target_tokens (null)")]
+    if tokens <= target:
+        return []
+    return [("data.simulated_epoching.target_tokens", f"{target:,.0f} is less than the run's {tokens:,} tokens: "
+             "simulated epoching only cuts cells to a smaller run's share; give a target of at least the "
+             "run's tokens, or unset it (null)")]
 
 
 def _epoch_problems(cfg) -> list[tuple[str, str]]:
@@ -392,7 +430,7 @@ def check(cfg) -> list[tuple[str, str]]:
         return problems
     srcs = sources(cfg)
     problems += _weight_problems(cfg, srcs)
-    problems += _epoch_problems(cfg)
+    problems += _simulated_problems(cfg) or _epoch_problems(cfg)
     root = data_root(cfg)
     # A dry run checks what a launch checks where that is cheap and the data is here: relative
     # paths when data.root exists on this machine, absolute ones when their folder does, the cells

@@ -304,8 +304,8 @@ def compile_steps(cfg) -> dict:
     rows, spec = (r.train.global_batch, r.train.seq_len), batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(rows, dtype, sharding=spec) for k, dtype in
              (("inputs", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32), ("loss_mask", jnp.float32))}
-    eval_batch = {k: jax.ShapeDtypeStruct((r.train.eval_batch_size, r.train.seq_len), v.dtype, sharding=spec)
-                  for k, v in batch.items()}   # evaluation's own batch (train.eval_batch_size)
+    eval_batch = {k: jax.ShapeDtypeStruct((r.train.eval_batch_size, r.train.eval_seq_len), v.dtype, sharding=spec)
+                  for k, v in batch.items()}  # evaluation's own batch; a context stage scores at pretraining's length
     hp = hyperparams(r, mesh)  # the optimizer's numbers: an input of the step
     stand_in = None
     if r.model.ep_transport == "ragged" and r.hardware.mesh.expert > 1 and jax.default_backend() == "cpu":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
-from marin.config.store import override, override_key
+from marin.config.store import override, override_key, shell_join
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
@@ -63,8 +63,24 @@ def _parent(spec: str, new: list[str]) -> tuple[record.RunRecord, int]:
     steps = listed_steps(checkpoint_dir(parent.run_dir))
     if step not in steps:
         shown = ", ".join(map(str, steps[-8:])) or "none"
-        raise ForkError(f"fork: run {parent.run_id} has no checkpoint at step {step} (its checkpoints: {shown})")
+        raise ForkError(f"fork: run {parent.run_id} has no checkpoint at step {step} (its checkpoints: {shown}); "
+                        f"make one: {how_to_make(parent, steps, step)}")
     return parent, step
+
+
+def how_to_make(parent: record.RunRecord, steps: list[int], step: int) -> str:
+    """The command that makes a checkpoint at exactly `step` (`train.stop_at`: the run ends there
+    with one): the parent resumed to it while its newest checkpoint is below it; else a fork of the
+    checkpoint below it run up to it (then fork from that run); else the run reproduced up to it."""
+    at = f"train.stop_at={step}"
+    if steps and steps[-1] < step:
+        return shell_join(["python", "launch.py", override("resume", parent.run_dir), at])
+    below = [s for s in steps if s < step]
+    if below:
+        name = f"{OmegaConf.load(parent.run_dir / record.RESOLVED).run.name}-to{step}"
+        return (shell_join(["python", "launch.py", override("fork", f"{parent.run_id}@{below[-1]}"), at,
+                            override("run.name", name)]) + f", then {override('fork', f'{name}@{step}')}")
+    return shell_join(["python", "launch.py", override("reproduce", parent.run_id), at])
 
 
 def _check_sound(parent: record.RunRecord, step: int) -> None:
@@ -98,7 +114,8 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
     new = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     latest = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     parent_cfg = record.config_dict(OmegaConf.load(parent.run_dir / latest))
-    extra = [f"{k}=null" for k in PER_INVOCATION if k not in given]  # the parent's stop_after was its own
+    # The parent's stop_after was its own invocation's; its stop_at, the end of its part of the lineage.
+    extra = [f"{k}=null" for k in (*PER_INVOCATION, "train.stop_at") if k not in given]
     if "run.name" not in given:
         extra.append(override("run.name", f"{parent_cfg['run']['name']}-step{step}"))
     extra += [override("train.init_from", f"{parent.run_dir}@{step}"), "train.init_from_mode=continue"]  # the whole state

@@ -56,6 +56,8 @@ def plan(cfg: Config) -> dict:
         "flops_per_token_no_head": accounting.flops_per_token(cfg, with_head=False),
         "train_flops": float(train_flops),
         "train_flops_no_head": float(accounting.train_flops(cfg, with_head=False, steps=steps)),
+        "forecast_C": float(accounting.forecast_flops(cfg)),  # the ladder forecast's C over the run's horizon
+        "forecast_global_layers": sum(accounting.forecast_shapes(cfg).global_layers),
         "steps": steps,
         "run_steps": t.steps,
         "tokens": tokens,
@@ -96,7 +98,13 @@ def plan(cfg: Config) -> dict:
     }
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "mode": t.init_from_mode, "seq_lens": derive.stage_seq_lens(cfg),
-                       "first_step": first, "last_step": last}
+                       "first_step": first, "last_step": last,
+                       # the recipe the stage keeps (spec §9 "Context launcher"): stated, not implied
+                       "qk_mult": cfg.attention.qk_mult,
+                       "qk_mult_rule": derive.qk_mult_through(cfg.attention.qk_mult_base, derive.stage_seq_lens(cfg)),
+                       "eval_seq_len": cfg.train.eval_seq_len, "transport": cfg.model.ep_transport,
+                       "mixture": cfg.data.name, "shuffle_window": cfg.data.shuffle_window,
+                       "decay": [{"pattern": r.pattern, "start": r.start} for r in cfg.optim.decay]}
     if hw.peak_flops_per_device > 0:
         out["days_at_20pct_mfu"] = train_flops / (devices * hw.peak_flops_per_device * MFU_FOR_DAYS) / 86400
     if hw.launcher == "slurm":
@@ -106,6 +114,8 @@ def plan(cfg: Config) -> dict:
         out["data"] = epochs
         out["data_phases"] = list(cfg.data.phase_names)
         out["data_phase_starts"] = derive.phase_boundary_steps(cfg)
+    if (simulated := mixture.simulated_summary(cfg)) is not None:
+        out["simulated_epoching"] = simulated
     return out
 
 
@@ -189,7 +199,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("active params", _count(p["active_params"])),
             ("FLOPs / token (fwd)", f"{p['flops_per_token']:.4e}  (no head {p['flops_per_token_no_head']:.4e})"),
             ("train FLOPs", f"{p['train_flops']:.4e}  (no head {p['train_flops_no_head']:.4e})"),
-        ] + ([("days at 20% MFU", f"{p['days_at_20pct_mfu']:.1f}")] if "days_at_20pct_mfu" in p else [])),
+            ("forecast C", f"{p['forecast_C']:.4e}  (no head, the run's horizon: the ladder forecast's C)"),
+        ] + _forecast_layers(p) + ([("days at 20% MFU", f"{p['days_at_20pct_mfu']:.1f}")] if "days_at_20pct_mfu" in p else [])),
         ("schedule", [
             ("steps", f"{p['steps']:,}  (warmup {p['warmup_steps']:,}, final lr × {p['final_lr_ratio']})"),
             ("tokens", _count(p["tokens"])),
@@ -222,6 +233,7 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("sequence lengths", " → ".join(f"{n:,}" for n in p["init"]["seq_lens"])),
             ("stage steps", f"{p['init']['first_step']:,} → {p['init']['last_step']:,} of the run's "
                             f"{p['run_steps']:,} (steps, tokens and FLOPs above are the stage's)"),
+            *_stage_rows(p["init"]),
         ]))
     if p.get("data"):
         most = sorted(p["data"].items(), key=lambda kv: (-max(kv[1], default=0.0), kv[0]))
@@ -231,8 +243,45 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         phases = " / ".join(p["data_phases"])
         starts = ", ".join(f"{s:,}" for s in p.get("data_phase_starts", []))
         starts = f"; later phases from step {starts}" if starts else ""
-        sections.append((f"data: epochs per source in {phases} (most repeated first{starts})", rows))
+        sections.append((f"data: epochs per source in {phases} (most repeated first{starts})",
+                         _simulated_rows(p.get("simulated_epoching")) + rows))
     return sections
+
+
+def _forecast_layers(p: dict) -> list[tuple[str, str]]:
+    """Why C counts fewer global layers than the model runs (forecast.c_last_layer_global false)."""
+    counted, runs = p["forecast_global_layers"], p["model"]["global_layers"]
+    if counted == runs:
+        return []
+    return [("", f"C counts {counted} global layers, the model runs {runs}: Marin's ladder FLOPs took every 4th "
+                 "layer as global, not the last one too (forecast.c_last_layer_global false), and the "
+                 "published C is that count")]
+
+
+def _simulated_rows(sim: dict | None) -> list[tuple[str, str]]:
+    """data.simulated_epoching in one line: on (each cell's share, how many repeat) or off and why."""
+    if sim is None:
+        return []
+    if not sim["on"]:
+        return [("simulated epoching", f"off: the run's {sim['run_flops']:.3g} training FLOPs are above "
+                                       f"data.simulated_epoching.below_flops {sim['below_flops']:.3g}: whole cells")]
+    return [("simulated epoching", f"on: each cell cut to {sim['fraction']:.4%} of its tokens (the run's "
+                                   f"{_short(sim['run_tokens'])} of a {sim['target_tokens'] / 1e12:g}T-token target), "
+                                   f"so epochs are the target's: {sim['cells_repeated']} of {sim['cells']} "
+                                   f"cells repeat, at most {sim['max_epochs']:.2f} epochs")]
+
+
+def _stage_rows(init: dict) -> list[tuple[str, str]]:
+    """What a context stage keeps of the run before it, as the dry run shows it."""
+    if "qk_mult" not in init:  # a plan saved before these fields
+        return []
+    decay = ", ".join(f"{d['pattern']} from step {d['start']:,}" if d["start"] else d["pattern"]
+                      for d in init["decay"]) or "none"
+    window = f"{init['shuffle_window']:,}-token shuffle windows" if init["shuffle_window"] else "no shuffle window"
+    return [("qk_mult", f"{init['qk_mult']:.5g} (stated; the §7 rule gives {init['qk_mult_rule']:.5g})"),
+            ("eval seq_len", f"{init['eval_seq_len']:,}"),
+            ("kept", f"{init['transport']} transport; mixture {init['mixture']}; decay {decay}"),
+            ("read positions", f"each source at its next whole chunk ({window})")]
 
 
 def _layout(lay: dict) -> str:

@@ -14,7 +14,9 @@ keeps every source's read position (saved in the checkpoint, `marin.data.loader`
 new weights from the restored step: tag `data_mixture` ("<name> from step N (…)").
 
 `train.stop_after` belongs to one invocation: a resume runs to the end unless it is given again.
-A run whose newest checkpoint is already at its last step (or at this command's stop_after) is
+`train.stop_at` (a lineage's cutover: the run ends there with a checkpoint) is kept, so a resumed
+or requeued run still ends at exactly that step; `train.stop_at=null` trains on.
+A run whose newest checkpoint is already at its last step (or at stop_after / stop_at) is
 not re-run: one line says so, exit 0, nothing written. A run another process is training (its
 lock, marin.train.runlock) is refused in one line naming that process, before anything is written.
 Overrides that change the train state's structure (model shapes, optimizer tree) are refused
@@ -50,7 +52,7 @@ from marin.train.checkpoint import (
 
 log = logging.getLogger("marin.resume")
 
-IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "train.stop_after")   # not changes of the run
+IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "train.stop_after", "train.stop_at")   # not changes of the run
 PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 
@@ -193,6 +195,9 @@ def _done(source, resolved, newest: int) -> str | None:
     if stop is not None and newest >= stop:
         return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_after={stop}): nothing to "
                 f"run; give a later train.stop_after, or none to train to step {total}")
+    if (at := resolved.train.stop_at) is not None and newest >= at:
+        return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_at={at}, kept by resume=): "
+                f"nothing to run; give a later train.stop_at, or train.stop_at=null to train to step {total}")
     return None
 
 

@@ -11,11 +11,13 @@ V vocabulary, r GatedNorm rank.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from marin.config.counts import Shapes, active_params_of, total_params_of  # shapes: config arithmetic
+from marin.config.counts import Shapes, active_params_of, layer_is_global, total_params_of  # shapes: config arithmetic
 from marin.config.derive import OffloadCost, batch_shards, remat_mode
+from marin.config.derive import simulated_epoch_fraction as derive_fraction
 from marin.config.schema import Config
 from marin.model import loss_tiling  # pure Python: the fused loss's tile sizes
 
@@ -85,6 +87,33 @@ def train_flops(cfg: Config, with_head: bool = True, steps: int | None = None) -
     `steps` = those this run trains (a stage's own), default train.steps."""
     steps = cfg.train.steps if steps is None else steps
     return 3 * flops_per_token(cfg, with_head) * steps * cfg.train.seq_len * cfg.train.global_batch
+
+
+def forecast_shapes(cfg: Config) -> Shapes:
+    """The shapes the forecast's C counts: the model's own, or with `forecast.c_last_layer_global`
+    false every 4th layer global but not the last one too. Marin's ladder FLOPs (levanter's
+    `lm_flops_per_token`) counted d2048's 22 layers so: 5 global where the model ran 6, and the
+    published C of that rung is that count (the other rungs' last layer is a 4th one anyway)."""
+    s = Shapes.of(cfg)
+    if cfg.forecast.c_last_layer_global:
+        return s
+    a = cfg.attention
+    return dataclasses.replace(s, global_layers=tuple(layer_is_global(s.L, a.global_every, False)))
+
+
+def forecast_flops(cfg: Config, steps: int | None = None) -> int:
+    """C of the ladder forecast (spec §4, §9): training FLOPs without the head over `steps` (default
+    the run's horizon: schedule.horizon_steps, else train.steps), counted on `forecast_shapes`."""
+    steps = (cfg.schedule.horizon_steps or cfg.train.steps) if steps is None else steps
+    per_token = forward_flops_per_token(forecast_shapes(cfg), cfg.train.seq_len, cfg.attention.window, False)
+    return 3 * per_token * steps * cfg.train.seq_len * cfg.train.global_batch
+
+
+def simulated_epoch_fraction(cfg: Config) -> float | None:
+    """`derive.simulated_epoch_fraction` for this run: its training FLOPs (head included, over its
+    planned steps, as Marin's rule reads them) decide whether it simulates."""
+    steps = cfg.schedule.horizon_steps or cfg.train.steps
+    return derive_fraction(cfg, train_flops(cfg, steps=steps))
 
 
 # --- Every parameter leaf, with its optimizer group and sharding (for the memory plan) ---
@@ -473,8 +502,11 @@ def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
     step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
     dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
-    gives every expert room for all T tokens."""
+    gives every expert room for all T tokens. T is `train.eval_seq_len` (a context stage scores
+    at pretraining's length)."""
 
+    if isinstance(cfg.train.eval_seq_len, int) and cfg.train.eval_seq_len != cfg.train.seq_len:
+        cfg = replace(cfg, train=replace(cfg.train, seq_len=cfg.train.eval_seq_len))
     t = cfg.train
     per_device = t.global_batch // batch_shards(cfg.hardware)
     u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))

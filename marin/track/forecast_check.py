@@ -79,7 +79,7 @@ def check_config(cfg) -> list[tuple[str, str]]:
     if doc["target"] != cfg.run.experiment:
         return [(field, f"{name} forecasts experiment {doc['target']!r}, but this run is experiment "
                  f"{cfg.run.experiment!r}: register a forecast for it, or drop forecast.registered")]
-    C = accounting.train_flops(cfg, with_head=False)
+    C = accounting.forecast_flops(cfg, steps=cfg.train.steps)
     if not math.isclose(float(doc["target_C"]), C, rel_tol=1e-9):
         return [(field, f"{name} forecasts a run of C = {float(doc['target_C']):.6g} training FLOPs (without the "
                  f"head); this run's config gives C = {C:.6g}: steps, batch or model size differ from the "

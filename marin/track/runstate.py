@@ -1,8 +1,9 @@
 """A run's state and last step as every view shows them (`marin.status`, the report), from its
 MLflow run: one reading, so they cannot disagree.
 
-MLflow has no "stopped" status: a run that `train.stop_after` stopped ends FINISHED (its invocation
-went well) with the tag `ended` "stopped at step N of M (…)" (marin.train.ending). It is shown
+MLflow has no "stopped" status: a run that `train.stop_after` or `train.stop_at` (a lineage's
+cutover) stopped ends FINISHED (its invocation went well) with the tag `ended` "stopped at step N of
+M (…)" (marin.train.ending). It is shown
 STOPPED until a resume finishes it. Its last step M is the run's horizon, never
 `train.stop_after`: that param is the first invocation's and MLflow params cannot change, so a
 resume with another stop_after (or none) would show N/stop_after.

@@ -27,7 +27,7 @@ from marin.train.checkpoint import StructureMismatch, check_structure, listed_st
 
 SEP = "@"
 # Not changes of what is trained: where a run lives, how it was launched, its lineage's own fields.
-NOT_CHANGES = ("run.", "tracking.", "train.init_from", "train.stop_after", "fork", "reproduce", "resume",
+NOT_CHANGES = ("run.", "tracking.", "train.init_from", "train.stop_after", "train.stop_at", "fork", "reproduce", "resume",
                "dry_run", "wait", "verify", "data.root", "data.cache_dir")
 
 
@@ -142,8 +142,9 @@ def _last_step(cfg) -> tuple[str, int]:
     """(the field that sets the run's last step, that step): stop_after, else the horizon."""
     t, horizon = cfg.train, cfg.schedule.horizon_steps
     field, last = ("schedule.horizon_steps", horizon) if horizon else ("train.steps", t.steps)
-    if t.stop_after is not None and t.stop_after < last:
-        return "train.stop_after", t.stop_after
+    for name, value in (("train.stop_after", t.stop_after), ("train.stop_at", t.stop_at)):
+        if value is not None and value < last:
+            field, last = name, value
     return field, last
 
 

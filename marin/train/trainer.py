@@ -128,7 +128,7 @@ class Trainer:
             summary = self._fit()
             status = "FINISHED"
             ending = self._ending("finished" if self.stop >= self.total else "stopped", self.stop,
-                                  "" if self.stop >= self.total else "train.stop_after")
+                                  "" if self.stop >= self.total else self._stopped_by())
             return summary
         except Stopped as stop:
             status = "KILLED"
@@ -150,6 +150,11 @@ class Trainer:
             raise
         finally:
             self._end(status, ending)
+
+    def _stopped_by(self) -> str:
+        """The field that ended the run short of its last step: train.stop_at (a lineage's cutover,
+        kept by resume=) or train.stop_after (this invocation's)."""
+        return "train.stop_at" if self.stop == self.cfg.train.stop_at else "train.stop_after"
 
     def _ending(self, how: str, step: int | None, why: str = "") -> Ending:
         """How this invocation ended; `step` None: the last step logged (or restored)."""
@@ -197,6 +202,14 @@ class Trainer:
                 self._stop(signum, n)
         return state
 
+    def _eval_shaped(self, batch: dict) -> dict:
+        """A batch of the eval batches' shape: the train batch's, unless train.eval_seq_len differs (a
+        context stage scores at pretraining's length): then the first eval batch."""
+        if self.cfg.train.eval_seq_len == self.cfg.train.seq_len:
+            return batch
+        first = next((b[0] for b in self.loader.eval_batches().values() if b), None)
+        return batch if first is None else self.to_global(first)
+
     def _compile(self, state, batch) -> None:
         """Both steps compiled here, each timed on its own line (their calls reuse these
         executables: nothing compiles in the loop). A job of several processes then waits for the
@@ -208,7 +221,7 @@ class Trainer:
         self.train_step.lower(state, batch, self.hp).compile()
         self._phase_done("compiling the train step", began)
         began = time.perf_counter()
-        self.evaluator.eval_step.lower(state, batch).compile()  # eval batches: the same shapes
+        self.evaluator.eval_step.lower(state, self._eval_shaped(batch)).compile()
         self._phase_done("compiling eval", began)
         if jax.process_count() > 1:
             meet("compiled", self.cfg.hardware.init_timeout_s)
@@ -295,7 +308,7 @@ class Trainer:
             self.tracker.update_info(init_from=initialised_from)
         self.hp = hyperparams(cfg, mesh)  # the optimizer's numbers: inputs of the step, not constants
         self.total = total = cfg.schedule.horizon_steps or cfg.train.steps  # a shortened horizon ends the run early
-        self.start, self.stop = int(state.step), min(total, cfg.train.stop_after or total)
+        self.start, self.stop = int(state.step), min(total, cfg.train.stop_after or total, cfg.train.stop_at or total)
         self.loads = ExpertLoadLog(rec.run_dir, self.start, total, cfg.train.log_every, enabled=process == 0)
         self.metrics = MetricLogger(cfg, self.tracker, self.loads, self.start, self.stop, self.ckpt.restored_from,
                                     enabled=process == 0, watchdog=self.watchdog, total=total)

@@ -181,3 +181,14 @@ def test_hydra_habit_is_one_exact_line(tmp_path, overrides, line):
                    f"run.out_dir={tmp_path / 'out'}")
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
     assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_stop_at_past_the_last_step_is_one_line_naming_it():
+    """Issue 40 item 7: train.stop_at ends a run at a lineage's cutover; past train.steps it is refused."""
+    from marin.config.validate import ConfigError
+    from tests.helpers import make_config
+
+    with pytest.raises(ConfigError, match=r"train.stop_at: must be ≤ train.steps \(10\); got 11"):
+        make_config("train.steps=10", "train.stop_at=11")
+    with pytest.raises(ConfigError, match=r"data.shuffle_window: must be a multiple of train.seq_len \(128\)"):
+        make_config("data.shuffle_window=100")

@@ -101,11 +101,15 @@ def test_a_second_resume_on_b_continues_the_first(swap, tmp_path):
     assert again.position(END) == on_b.position(END)
 
 
-def test_positions_of_another_row_length_fall_back_to_the_formula(tmp_path):
+def test_positions_of_another_row_length_are_converted_not_dropped(tmp_path):
+    """Rows saved at twice this length continue at twice as many rows of this one (a context
+    stage's positions: tests/data/test_stage_positions.py), not at the current mixture's formula."""
     on_a = Loader(mixture(tmp_path, A), progress=False)
     meta = checkpoint_meta(on_a, SWAP)
     meta["data"]["seq_len"] = 2 * T
     on_b = Loader(mixture(tmp_path, B_WEIGHTS), progress=False)
     on_b.resume(SWAP, meta)
+    saved = [sum(v for k, v in meta["data"]["rows"].items() if k.startswith(f"{x}/")) for x in "abc"]
+    assert on_b._rows_before(SWAP).tolist() == [2 * r for r in saved]
     fresh = Loader(mixture(tmp_path, B_WEIGHTS), progress=False)
-    np.testing.assert_array_equal(on_b.rows(SWAP)[2], fresh.rows(SWAP)[2])
+    assert on_b._rows_before(SWAP).tolist() != fresh._rows_before(SWAP).tolist()

@@ -119,3 +119,42 @@ def test_fork_of_a_resumed_run_keeps_what_its_resumes_changed(tmp_path_factory, 
     made = compose(f"{copy}@3", ["fork=x", "optim.b1=0.8"])
     assert made.resolved.optim.lr == 0.007 and made.resolved.optim.b1 == 0.8
     assert made.resolved.train.stop_after is None                             # that resume's own stop, not the fork's
+
+
+def test_a_fork_at_a_step_without_a_checkpoint_says_how_to_make_one_and_writes_nothing(tmp_path_factory, capsys):
+    """Issue 40 item 7: one line naming the checkpoints and the command that makes step 4 (the
+    parent is past it: a fork of 3 run to exactly 4 with train.stop_at), exit 2; no run directory,
+    no MLflow run."""
+    from mlflow import MlflowClient
+
+    from marin.launch.fork import fork
+
+    parent = forkable_run(tmp_path_factory)
+    runs = parent.run_dir.parent
+    client = MlflowClient(parent.tracking_uri)
+    before = (sorted(p.name for p in runs.iterdir()),
+              len(client.search_runs([client.get_run(parent.run_id).info.experiment_id])))
+    spec = f"{parent.run_id}@4"
+    with pytest.raises(SystemExit) as exit_:
+        fork(OmegaConf.create({"fork": spec}), [f"fork={spec}", f"tracking.uri={parent.tracking_uri}"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert exit_.value.code == 2 and len(lines) == 1
+    assert lines[0] == (f"error: fork: run {parent.run_id} has no checkpoint at step 4 (its checkpoints: 3, 6); make "
+                        f"one: python launch.py fork={parent.run_id}@3 train.stop_at=4 "
+                        f"run.name=default-to4, then fork=default-to4@4")
+    assert (sorted(p.name for p in runs.iterdir()),
+            len(client.search_runs([client.get_run(parent.run_id).info.experiment_id]))) == before
+
+
+@pytest.mark.parametrize("step, make", [(7, "python launch.py resume={dir} train.stop_at=7"),   # the run is below it
+                                        (2, "python launch.py reproduce={id} train.stop_at=2")])  # nothing below it
+def test_the_missing_step_line_names_the_command_that_fits(tmp_path_factory, step, make, capsys):
+    from marin.launch.fork import fork
+
+    parent = forkable_run(tmp_path_factory)
+    spec = f"{parent.run_dir}@{step}"
+    with pytest.raises(SystemExit) as exit_:
+        fork(OmegaConf.create({"fork": spec}), [f"fork={spec}"])
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")][-1]
+    assert exit_.value.code == 2
+    assert line.endswith("make one: " + make.format(dir=parent.run_dir, id=parent.run_id))

@@ -14,7 +14,7 @@ STEPS = 40
 
 
 def _ladder(multirun_job, monkeypatch, sweep_id: str, law):
-    """A ladder sweep whose runs log eval/macro_loss = law(C) at every 5% of training."""
+    """A ladder sweep whose runs log the forecast's metric = law(C) at every 5% of training."""
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=ladder_cpu"])
     recs = []
     for i, (d, layers) in enumerate(RUNGS):
@@ -25,7 +25,7 @@ def _ladder(multirun_job, monkeypatch, sweep_id: str, law):
         per_step = forecast.training_flops_per_step(resolved)
         t = tracker.Tracker(rec)
         for step in range(2, STEPS + 1, 2):
-            t.log_metrics({"eval/macro_loss": law(per_step * step)}, step)
+            t.log_metrics({forecast.METRIC: law(per_step * step)}, step)
         t.finish()
         recs.append(rec)
     return recs
@@ -125,7 +125,7 @@ def test_an_lr_sweep_is_refused_on_the_command_line(store, lr_sweep_parent, caps
     parent_id = lr_sweep_parent("fc-lr")
     client = MlflowClient(store["uri"])
     with pytest.raises(SystemExit, match="^2$"):
-        forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768"])
+        forecast.main([parent_id, "--tracking-uri", store["uri"], "--target", "ladder_d768", "--metric", "eval/macro_loss"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a ladder: 3 run(s) at 1 distinct compute scale(s)" in err
     assert not client.list_artifacts(parent_id, "forecast") and not client.get_run(parent_id).data.metrics

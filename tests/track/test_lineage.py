@@ -2,6 +2,7 @@
 (each step from the run in force), and the hero's published lineage (conf/lineage/mochi_hero.yaml)."""
 import io
 import json
+import re
 
 import pytest
 
@@ -47,8 +48,18 @@ def test_published_hero_lineage_prints_its_seven_runs_as_commands(capsys):
                        ("hero-mix-996f4891-step108k", "108,000–108,778"), ("hero-nopdl-step108k", "108,778–121,638"),
                        ("hero-main-step121638", "121,638–146,139"), ("hero-fa4sm100-nomask-step146k", "146,139–")]:
         assert run in out and steps in out
-    assert "fork=hero-wd-gate-router-p02-step58k@81716 run.name=hero-ragged_a2a-nccl2307-ep-step81k model.ep_transport=ragged" in out
-    assert "fork=hero-ragged_a2a-nccl2307-ep-step81k@108000 run.name=hero-mix-996f4891-step108k data=mochi_hero_108k" in out
+    assert ("fork=hero-wd-gate-router-p02-step58k@81716 run.name=hero-ragged_a2a-nccl2307-ep-step81k "
+            "model.ep_transport=ragged train.stop_at=108000") in out
+    assert ("fork=hero-ragged_a2a-nccl2307-ep-step81k@108000 run.name=hero-mix-996f4891-step108k data=mochi_hero_108k "
+            "train.stop_at=108778") in out
+    # Runs as written (issue 40 item 7): each run stops, with a checkpoint, exactly where the next forks.
+    commands = [line.strip() for line in out.splitlines() if line.startswith("  python launch.py")]
+    assert len(commands) == 7
+    for before, after in zip(commands, commands[1:]):
+        stop = re.search(r"train\.stop_at=(\d+)", before).group(1)
+        name = re.search(r"run\.name=(\S+)", before).group(1)
+        assert f"fork={name}@{stop} " in after
+    assert "train.stop_at" not in commands[-1]
 
 
 def test_unknown_published_lineage_is_one_line(capsys):
