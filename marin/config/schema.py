@@ -393,7 +393,7 @@ class EvalConfig:
                               "eval_dropless/...); auto = on with the fixed and pooled transports, off with ragged "
                               "(production's pass stopped at the ragged switch); true with ragged is refused",
                               choices=(True, False, AUTO))
-    headline: Any = setting(AUTO, "the metric the run's summary line, its report and marin.forecast lead with; auto = "
+    headline: Any = setting(AUTO, "the metric the run's summary line and its report lead with; auto = "
                             "eval/paloma/macro_loss (production's: the dropless Paloma macro average, published "
                             "eval_dropless/paloma/macro_loss) where an eval set is named paloma, else eval/macro_loss")
 
