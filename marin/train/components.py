@@ -217,8 +217,8 @@ class Evaluator:
             values = [dict(jax.device_get(self.eval_step(state, self.to_global(b)))) for b in batches]
             # Each batch weighs its scored targets (the padded last one less): the set's token mean.
             weights = [float(v.pop("scored", b["loss_mask"].sum())) for v, b in zip(values, batches)]
-            total = sum(weights) or float(len(weights))
-            weights = [w / total for w in weights] if sum(weights) else [1.0 / len(weights)] * len(weights)
+            total = sum(weights)
+            weights = [w / total for w in weights] if total else [1.0 / len(weights)] * len(weights)
             for key in values[0]:  # loss (dropless), and loss_dropped with eval.with_drops
                 losses[f"eval/{name}/{key}"] = loss = sum(w * float(v[key]) for w, v in zip(weights, values))
                 bpt = bytes_per_token.get(name, math.nan)
