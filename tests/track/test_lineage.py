@@ -49,7 +49,7 @@ def test_published_hero_lineage_prints_its_seven_runs_as_commands(capsys):
                        ("hero-main-step121638", "121,638–146,139"), ("hero-fa4sm100-nomask-step146k", "146,139–")]:
         assert run in out and steps in out
     assert ("fork=hero-wd-gate-router-p02-step58k@81716 run.name=hero-ragged_a2a-nccl2307-ep-step81k "
-            "model.ep_transport=ragged train.stop_at=108000") in out
+            "model.ep_transport=ragged eval.with_drops=false train.stop_at=108000") in out
     assert ("fork=hero-ragged_a2a-nccl2307-ep-step81k@108000 run.name=hero-mix-996f4891-step108k data=mochi_hero_108k "
             "train.stop_at=108778") in out
     # Runs as written (issue 40 item 7): each run stops, with a checkpoint, exactly where the next forks.
