@@ -298,9 +298,9 @@ def _transport(m: dict) -> str:
     kind, send, recv = m["ep_transport"], m["ep_send_capacity_factor"], m["ep_recv_capacity_factor"]
     if kind == "pooled":
         if m.get("expert_parallel", 1) == 1:   # dispatch.pooled_one_device
-            return (f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} stripes in one pass "
+            return (f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} waves in one pass "
                     f"(one device: the waves only add bookkeeping; the same drops)")
         return f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} waves"
     if kind == "ragged":
-        return f"ragged: shared receive buffer {recv} × T·k"
+        return f"ragged: receive buffer {recv} × T·k in {m.get('ep_expert_chunks', 1)} chunks of local experts"
     return f"fixed: capacity {m['capacity_factor']} per expert"
