@@ -401,7 +401,8 @@ def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
     tokens = x.shape[0]
     num_experts = w.gate.shape[0]
     ye = expert_swiglu(jnp.broadcast_to(x, (num_experts,) + x.shape), w)
-    dense_w = jnp.zeros((tokens, num_experts), jnp.float32).at[jnp.arange(tokens)[:, None], expert_idx].add(weights)
+    dense_w = jnp.zeros((tokens, num_experts), jnp.float32).at[jnp.arange(tokens)[:, None], expert_idx].add(
+        weights, mode="drop")   # an id past the last expert (padding, `mask_invalid`) adds nothing
     return jnp.einsum("te,etl->tl", dense_w, ye.astype(jnp.float32)).astype(x.dtype)
 
 
@@ -419,7 +420,11 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights, impl: str = "x
     matmul = partial(grouped_matmul, group_sizes=q.counts, impl=impl)
     h = jax.nn.silu(matmul(xs, w.gate)) * matmul(xs, w.up)
     ys = matmul(h, w.down)
-    y_assign = take_rows(ys, sorted_pos, q.order[None]).reshape(k, tokens, -1)
+    # Rows past the groups (padding's, sorted last) are read by no one: a kernel may leave them unset.
+    grouped = jnp.sum(q.counts)
+    in_group = jnp.arange(n, dtype=jnp.int32) < grouped
+    read = jnp.where(sorted_pos < grouped, sorted_pos, n)
+    y_assign = take_rows(ys, read, jnp.where(in_group, q.order, n)[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     return y.astype(x.dtype)
 
@@ -460,7 +465,7 @@ def local_transport(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
 
 def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
                    axis_names=(), expert_fn: Callable | None = None, num_experts: int | None = None,
-                   wave_axes=(), transport: Callable | None = None):
+                   wave_axes=(), transport: Callable | None = None, valid=None):
     """Route, dispatch, run the experts and combine, on this device's tokens.
 
     x [T, ℓ] (latent, normalised), logits [T, E] fp32, bias [E]. Returns (y [T, ℓ], stats) with
@@ -475,12 +480,19 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     The training pass (and evaluation with drops) moves tokens by `model.ep_transport`: under
     expert parallelism as `transport(x, expert_idx, weights) -> (y, dropped)` says, on one device
     by `local_transport`.
+    `valid` [T] (None: all): tokens that are not valid (padding, `segment_ids == 0`) are no tokens
+    for routing (spec §9): they take no slot, capacity, wave or drop in any dispatch, enter no
+    router statistic, and get zero expert output; the dropped fractions are of the valid
+    tokens' assignments.
     """
     m = cfg.model
     tokens = x.shape[0]
     k = cfg.router.top_k
     num_experts = num_experts or w.gate.shape[0]
-    expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names)
+    expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names, valid=valid)
+    if valid is not None:
+        expert_idx = mask_invalid(expert_idx, valid, num_experts)
+        weights = jnp.where(valid[:, None], weights, 0.0)
     dropped = jnp.int32(0)
     if m.dispatch == "sort" or expert_fn is not None:
         cap = capacity(tokens, k, num_experts, m.capacity_factor)
@@ -502,9 +514,10 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     # Drops by stage: a transport returns {"send", "recv"} counts; a bare count is the sender's.
     drops = dropped if isinstance(dropped, dict) else {"send": dropped, "recv": jnp.int32(0)}
     drops = {stage: jnp.asarray(v, jnp.int32) for stage, v in drops.items()}
-    total = jnp.int32(tokens * k)
+    total = jnp.int32(tokens * k) if valid is None else jnp.sum(valid, dtype=jnp.int32) * k
     if axis_names:
         drops, total = jax.lax.psum((drops, total), tuple(axis_names))
+    total = jnp.maximum(total, 1)
     stats["dropped_frac/send"] = drops["send"].astype(jnp.float32) / total.astype(jnp.float32)
     stats["dropped_frac/recv"] = drops["recv"].astype(jnp.float32) / total.astype(jnp.float32)
     stats["dropped_frac"] = (drops["send"] + drops["recv"]).astype(jnp.float32) / total.astype(jnp.float32)

@@ -253,20 +253,20 @@ def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens
     return PARALLEL.get(cfg.model.ep_transport)(cfg, local_w, num_experts, peers, tokens, batch_axes)
 
 
-def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh):
+def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh, valid=None):
     """`dispatch.routed_experts` with expert parallelism over `mesh` (same inputs and outputs).
 
     x [N, ℓ] and logits [N, E]: all tokens, N divisible by the batch-axis size; the expert
-    weights are sharded on E over `expert` (E divisible by its size).
+    weights are sharded on E over `expert` (E divisible by its size); valid [N] (None: all).
     """
     batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
     num_experts, peers = w.gate.shape[0], expert_parallel_size(mesh)
     if num_experts % peers:
         raise ValueError(f"{num_experts} experts do not split over expert axis {peers}")
 
-    def local(x, logits, bias, gate, up, down):
+    def local(x, logits, bias, gate, up, down, valid):
         local_w = ExpertWeights(gate, up, down)
-        return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes,
+        return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes, valid=valid,
                               expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
                               wave_axes=(EXPERT_AXIS,),
                               transport=_transport(cfg, local_w, num_experts, peers, x.shape[0], batch_axes))
@@ -274,6 +274,7 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
     stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P(),
                   "dropped_frac/send": P(), "dropped_frac/recv": P()}
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, P(), experts, experts, experts),
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, P(), experts, experts, experts, P(batch_axes)),
                        out_specs=(tokens, stats_spec))
-    return fn(x, logits, bias, w.gate, w.up, w.down)
+    valid = jnp.ones(x.shape[:1], bool) if valid is None else valid
+    return fn(x, logits, bias, w.gate, w.up, w.down, valid)
