@@ -99,3 +99,59 @@ def test_padding_rows_change_nothing_for_the_valid_tokens(transport):
     np.testing.assert_allclose(lg_big[:2][valid], lg_small[valid], atol=2e-5, rtol=2e-5)
     for key in ("beta", "load", "aux_loss", "dropped_frac", "dropped_frac/send", "dropped_frac/recv"):
         np.testing.assert_allclose(aux_big["router"][key], aux_small["router"][key], atol=1e-5, err_msg=key)
+
+
+def ep_padding() -> dict:
+    """8 host devices (data 2 × expert 4), E=24, k=4, ample capacity: every transport with 16
+    padding tokens per device against the same tokens without them."""
+    from marin.model import expert_parallel
+    from marin.model.expert_parallel import routed_experts_ep
+    from marin.model.mesh import make_mesh
+
+    experts, k, devices, real, pad = 24, 4, 8, 48, 16
+    base = ("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.capacity_factor=64",
+            "model.ep_send_capacity_factor=64", "model.ep_recv_capacity_factor=64", "model.ep_waves=3",
+            "hardware.host_devices=8", "hardware.mesh.expert=4", "dry_run=true")
+    expert_parallel.RAGGED_ALL_TO_ALL = expert_parallel.emulated_ragged_all_to_all  # XLA:CPU lacks the op
+    kx, kl, kw = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (devices, real + pad, L))
+    logits = jax.random.normal(kl, (devices, real + pad, experts))
+    w = ExpertWeights(*(0.3 * jax.random.normal(kk, s) for kk, s in
+                        zip(jax.random.split(kw, 3), [(experts, L, I), (experts, L, I), (experts, I, L)])))
+    valid = jnp.broadcast_to(jnp.arange(real + pad) % 4 != 1, (devices, real + pad))   # 16 padding each
+    out = {}
+    for transport in ("fixed", "pooled", "ragged"):
+        cfg = make_config(*base, f"model.ep_transport={transport}")
+        mesh = make_mesh(cfg)
+        run = jax.jit(lambda x, lg, v: routed_experts_ep(x, lg, jnp.zeros(experts), w, cfg, train=True, mesh=mesh,
+                                                         valid=v))
+        y_pad, s_pad = run(x.reshape(-1, L), logits.reshape(-1, experts), valid.reshape(-1))
+        keep = np.asarray(valid).reshape(-1)
+        y, s = run(x.reshape(-1, L)[keep], logits.reshape(-1, experts)[keep], None)
+        out[transport] = {"diff": float(jnp.max(jnp.abs(y_pad[keep] - y))),
+                          "padding_zero": bool(jnp.all(y_pad[~keep] == 0)),
+                          "stats_diff": max(float(jnp.max(jnp.abs(s_pad[key] - s[key])))
+                                            for key in ("beta", "load", "dropped_frac"))}
+    return out
+
+
+@pytest.mark.slow
+def test_padding_under_expert_parallelism():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import subprocess_env
+
+    proc = subprocess.run([sys.executable, "-m", "tests.model.test_valid_mask"], cwd=Path(__file__).resolve().parents[2],
+                          env=subprocess_env(8), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    for transport, got in r.items():
+        assert got["diff"] < 1e-5 and got["padding_zero"] and got["stats_diff"] < 1e-5, (transport, got)
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(ep_padding()))
