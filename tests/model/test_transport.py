@@ -88,7 +88,7 @@ def _one_pass_against_waves(send_factor, recv_factor) -> dict:
     tokens, experts, k, waves = 96, 6, 2, 3
     kx, kw, kp, ki = jax.random.split(jax.random.key(5), 4)
     x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
-    skew = jnp.array([3.0, 2.0, 0.0, 0.0, 1.0, 0.0])                    # stripe 0 is popular
+    skew = jnp.array([3.0, 2.0, 0.0, 0.0, 1.0, 0.0])                    # experts 0, 1 popular
     idx = jax.lax.top_k(jax.random.gumbel(ki, (tokens, experts)) + skew, k)[1]
     wts = jax.nn.softmax(jax.random.normal(kp, (tokens, k)))
     probe = jax.random.normal(kp, x.shape)
@@ -136,9 +136,9 @@ TRANSPORT_NAMES = ("fixed", "pooled", "ragged")
 
 
 def compare_transports() -> dict:
-    """data=2 × expert=4, E=24 (6 local experts, 3 stripes), k=4, 64 tokens per device, capacity
+    """data=2 × expert=4, E=24 (6 local experts, 3 waves), k=4, 64 tokens per device, capacity
     factors so large that nothing can drop; device 0 routes all its tokens to experts 0 and 1
-    first (both on peer 0, stripe 0): every transport must give the dropless result."""
+    first (both on peer 0): every transport must give the dropless result."""
     from marin.model import expert_parallel
     from marin.model.expert_parallel import routed_experts_ep
     from marin.model.mesh import make_mesh
@@ -422,7 +422,7 @@ def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
     from marin.track import record
 
     where = [f"run.out_dir={tmp_path}", f"tracking.uri={new_store(tmp_path)}", "model=tiny",
-             "model.ep_waves=2"]   # tiny: 4 experts, 2 stripes
+             "model.ep_waves=2"]   # tiny: 4 experts, 2 waves
     before = make_config(*where, "model.ep_transport=pooled")
     after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")
     rec = record.create(before, before, [])
