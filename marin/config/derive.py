@@ -61,6 +61,33 @@ def attention_kernel(cfg: Config) -> str:
     return impl
 
 
+def pooled_capacities(tokens: int, top_k: int, num_experts: int, peers: int, waves: int,
+                      send_factor: float, recv_factor: float) -> tuple[int, int]:
+    """(S, R) of the published pooled-wave transport (spec §9; marin/model/dispatch.py).
+
+    S = ⌈send_factor · T·k / (peers · waves)⌉: a destination's pool rows per wave, shared by all
+    its local experts (at most ⌈T·min(k, local) / waves⌉, all a sender can owe one destination in
+    a wave). R = ⌈recv_factor · T·k / (local · waves)⌉ rows per (local expert, wave) at the
+    receiver (at most peers · min(S, T): all that can arrive for one expert in a wave)."""
+    local = num_experts // peers
+    send = max(1, min(math.ceil(send_factor * tokens * top_k / (peers * waves)),
+                      -(-tokens * min(top_k, local) // waves)))
+    recv = max(1, min(math.ceil(recv_factor * tokens * top_k / (local * waves)), peers * min(send, tokens)))
+    return send, recv
+
+
+def ragged_buffer_rows(tokens: int, top_k: int, num_experts: int, peers: int, recv_factor: float,
+                       chunks: int = 1) -> int:
+    """Receive-buffer rows of the ragged transport for one chunk of the device's local experts
+    (marin/model/expert_parallel.py): ⌈⌈recv_factor · T·k⌉ / chunks⌉ rows, a multiple of 8, at
+    most the worst case peers · T · min(k, E/peers) (where it is exact by construction). With
+    `model.ep_expert_chunks` = 2 (production, spec §9) the chunks run one after the other, so one
+    chunk's buffer is live at a time."""
+    worst = peers * tokens * min(top_k, num_experts // peers)
+    rows = -(-math.ceil(recv_factor * tokens * top_k) // chunks)
+    return max(1, min(8 * math.ceil(rows / 8), worst))
+
+
 def devices_per_process(hw: HardwareConfig) -> int:
     if hw.platform == "gpu":
         return max(1, hw.gpus_per_node // max(1, hw.tasks_per_node))

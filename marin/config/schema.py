@@ -47,13 +47,16 @@ class ModelConfig:
         choices=("auto", "mosaic", "xla"))
     ep_transport: str = setting("fixed", "training-time expert transport", choices=TRANSPORTS.names)
     ep_send_capacity_factor: float = setting(
-        1.25, "pooled: the sender pool = cf · T·k rows per device, one chunk of cf · T·k / (ep_waves · peers) "
-        "per wave and peer", range=POSITIVE)
+        1.25, "pooled: the sender pool = cf · T·k rows per device, cf · T·k / (ep_waves · peers) per wave and "
+        "destination, shared by its local experts", range=POSITIVE)
     ep_recv_capacity_factor: float = setting(
-        1.25, "pooled: receive rows per wave = cf · T·k / ep_waves (cf · T·k / local experts per expert); "
-        "ragged: the shared receive buffer = cf · T·k rows", range=POSITIVE)
-    ep_waves: int = setting(3, "pooled: static waves, each over a stripe of every peer's local experts (local "
-                            "experts divisible by it)", range=count(1))
+        1.25, "pooled: receive rows per (local expert, wave) = cf · T·k / (local experts · ep_waves); "
+        "ragged: the receive buffer = cf · T·k rows, split over model.ep_expert_chunks", range=POSITIVE)
+    ep_waves: int = setting(3, "pooled: static waves; each destination's pool is striped over them by rank "
+                            "(every wave carries every local expert)", range=count(1))
+    ep_expert_chunks: int = setting(2, "ragged: the local experts in this many chunks, run one after another, each "
+                                    "with a receive buffer of ⌈cf · T·k⌉ / chunks rows (1 = one shared buffer)",
+                                    range=count(1))
     eval_dropless: bool = setting(True, "evaluation runs without capacity drops")
     eval_dispatch: str = setting("waves", "waves (training capacity, repeated; bounded memory) | unbounded (C = T)",
                                  choices=("waves", "unbounded"))

@@ -159,9 +159,6 @@ def check_relations(cfg: Config) -> list[tuple[str, str]]:
                          f"count {devices}; got {mesh.replica_dcn} × {mesh.data} × {mesh.expert} × {mesh.model} = {product}"))
     if m.num_experts % mesh.expert:
         problems.append(("hardware.mesh.expert", f"must divide model.num_experts ({m.num_experts}); got {mesh.expert}"))
-    elif m.ep_transport == "pooled" and (m.num_experts // mesh.expert) % m.ep_waves:
-        problems.append(("model.ep_waves", f"pooled: model.num_experts / hardware.mesh.expert = {m.num_experts // mesh.expert} "
-                         f"local experts must be divisible by model.ep_waves (one stripe per wave); got {m.ep_waves}"))
     shards = derive.batch_shards(hw)
     if t.global_batch % shards:
         problems.append(("train.global_batch", f"must be divisible by the data-parallel size "

@@ -47,7 +47,7 @@ def plan(cfg: Config) -> dict:
             "router": cfg.router.kind, "capacity_factor": cfg.model.capacity_factor,
             "ep_transport": cfg.model.ep_transport, "ep_send_capacity_factor": cfg.model.ep_send_capacity_factor,
             "ep_recv_capacity_factor": cfg.model.ep_recv_capacity_factor, "ep_waves": cfg.model.ep_waves,
-            "expert_parallel": hw.mesh.expert,
+            "ep_expert_chunks": cfg.model.ep_expert_chunks, "expert_parallel": hw.mesh.expert,
         },
         "total_params": accounting.total_params_of(s),
         "total_params_all_leaves": accounting.all_leaves_of(s),
@@ -347,9 +347,13 @@ def _transport(m: dict) -> str:
     kind, send, recv = m["ep_transport"], m["ep_send_capacity_factor"], m["ep_recv_capacity_factor"]
     if kind == "pooled":
         if m.get("expert_parallel", 1) == 1:   # dispatch.pooled_one_device
-            return (f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} stripes in one pass "
+            return (f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} waves in one pass "
                     f"(one device: the waves only add bookkeeping; the same drops)")
         return f"pooled: send {send} / receive {recv} × T·k, {m['ep_waves']} waves"
     if kind == "ragged":
-        return f"ragged: shared receive buffer {recv} × T·k"
+        peers = m.get("expert_parallel", 1)
+        if peers == 1:   # dispatch.ragged_dot_dispatch: no exchange, no receive buffer
+            return "ragged: one device, grouped matmuls over the sorted assignments (exact)"
+        chunks = max(1, min(m.get("ep_expert_chunks", 1), m["num_experts"] // peers))
+        return f"ragged: receive buffer {recv} × T·k in {chunks} chunk(s) of local experts, one after another"
     return f"fixed: capacity {m['capacity_factor']} per expert"

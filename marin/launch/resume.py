@@ -239,7 +239,7 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
             m = resolved.model  # a transport switch (spec §6: pooled waves → ragged at step 81,716)
             client.set_tag(rec.run_id, "ep_transport", f"{m.ep_transport} from step {step} (capacity_factor "
                            f"{m.capacity_factor}, send {m.ep_send_capacity_factor}, recv "
-                           f"{m.ep_recv_capacity_factor}, waves {m.ep_waves})")
+                           f"{m.ep_recv_capacity_factor}, waves {m.ep_waves}, chunks {m.ep_expert_chunks})")
         if any(k in MIXTURE_KEYS for k in changes):
             # A mixture swap (spec §8: the step-108,000 weights): every source continues from its
             # read position in the checkpoint; the new weights apply from `step` on.

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from marin.config.counts import Shapes, active_params_of, layer_is_global, total_params_of  # shapes: config arithmetic
-from marin.config.derive import OffloadCost, batch_shards, remat_mode
+from marin.config.derive import OffloadCost, batch_shards, pooled_capacities, ragged_buffer_rows, remat_mode
 from marin.config.derive import simulated_epoch_fraction as derive_fraction
 from marin.config.schema import Config
 from marin.model import loss_tiling  # pure Python: the fused loss's tile sizes
@@ -271,19 +271,17 @@ def capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) 
     return max(1, min(8 * math.ceil(c / 8), tokens))
 
 
-def _rows8(value: float) -> int:
-    return 8 * math.ceil(math.ceil(value) / 8)
-
-
 def dispatch_rows(cfg: Config, tokens: int) -> int:
     """Rows of one dispatch buffer of the training transport (`model.ep_transport`) on one device
-    holding `tokens` tokens, as marin/model/dispatch.py and expert_parallel.py size them:
+    holding `tokens` tokens, as marin/model/dispatch.py and expert_parallel.py size them
+    (`derive.pooled_capacities`, `derive.ragged_buffer_rows`):
       fixed   E·C (the [E, C, ℓ] send buffer; the receive side is as large);
-      pooled  ep_waves × one wave's max(peers·S, stripe·R) (its send chunks, one stripe's receive
-              buffer): as compiled inside a recomputed block (XLA:CPU, ladder_d768: pooled 15.05
-              GiB, fixed 15.64, ragged 15.61) the waves' buffers add up at the backward pass's
-              high-water mark like one fixed buffer, so their sum is what counts;
-      ragged  max(T·k, recv_factor·T·k): the sorted send rows and the shared receive buffer."""
+      pooled  ep_waves × one wave's max(peers·S, local·R) (its send pool, its receive buffer): as
+              compiled inside a recomputed block (XLA:CPU, ladder_d768: pooled 15.05 GiB, fixed
+              15.64, ragged 15.61) the waves' buffers add up at the backward pass's high-water
+              mark like one fixed buffer, so their sum is what counts;
+      ragged  max(T·k, one chunk's receive buffer): the sorted send rows and the receive buffer of
+              the chunk of local experts in flight (`model.ep_expert_chunks`)."""
     s, m = Shapes.of(cfg), cfg.model
     k, E = s.k, s.E
     peers = max(1, int(cfg.hardware.mesh.expert))
@@ -291,13 +289,11 @@ def dispatch_rows(cfg: Config, tokens: int) -> int:
     n = tokens * k
     if m.ep_transport == "pooled":
         waves = max(1, int(m.ep_waves))
-        stripe = max(1, local // waves)
-        send = max(1, min(_rows8(m.ep_send_capacity_factor * n / (waves * peers)), tokens * min(k, stripe)))
-        recv = max(1, min(_rows8(m.ep_recv_capacity_factor * n / local), peers * min(send, tokens)))
-        return waves * max(peers * send, stripe * recv)
+        send, recv = pooled_capacities(tokens, k, E, peers, waves, m.ep_send_capacity_factor, m.ep_recv_capacity_factor)
+        return waves * max(peers * send, local * recv)
     if m.ep_transport == "ragged":
-        rows = max(1, min(_rows8(m.ep_recv_capacity_factor * n), peers * tokens * min(k, local)))
-        return max(n, rows)
+        chunks = max(1, min(int(m.ep_expert_chunks), local)) if peers > 1 else 1
+        return max(n, ragged_buffer_rows(tokens, k, E, peers, m.ep_recv_capacity_factor, chunks))
     return E * capacity(tokens, k, E, m.capacity_factor)
 
 

@@ -13,9 +13,10 @@ queue positions [0, C), [C, 2C), ... until every expert's queue is done (`model.
 
 The training pass moves tokens by `model.ep_transport` (`local_transport` on one device,
 `expert_parallel.py` across devices): `fixed` is `sort_dispatch`; `pooled` (`pooled_dispatch`)
-is the published run's fixed pooled-wave all-to-all: one sender pool per device, `model.ep_waves`
-static waves over stripes of each destination's local experts, per-wave receive buffers with
-round-robin slots, drops counted per stage (send, recv). (A variant that re-sent overflow in up to
+is the published run's fixed pooled-wave all-to-all (spec §9): per destination a pool of S rows
+per wave shared by its local experts, filled by token-major rank and striped over `model.ep_waves`
+static waves (rank % waves), so every wave carries every local expert; receive buffers of R rows
+per (expert, wave) with round-robin slots; drops counted per stage (send, recv). (A variant that re-sent overflow in up to
 `ep_waves` full-capacity waves was measured dropless but 1.95–2.15× the layer time of `fixed` on
 8 host devices, benchmarks/moe_layer.py --ep-devices 8 --experts 24 --top-k 4, and removed.) On one
 device `pooled` runs in one pass (`pooled_one_device`): the same drops, fixed's data movement.
@@ -114,19 +115,35 @@ class Queues(NamedTuple):
     counts: jax.Array         # [E] queue lengths (assignments per expert)
 
 
-def expert_queues(expert_idx, num_experts: int) -> Queues:
+def expert_queues(expert_idx, num_experts: int, rank=None) -> Queues:
     """Stable sort of the assignments by expert; position within the expert = rank in the sort.
 
     One sort carries the ids along (an argsort would gather the sorted experts back), and the
     counts are a compare-and-sum (`routers.count_values`), not a scatter-add of T·k ones onto E
-    counters (atomics that serialise on GPU)."""
+    counters (atomics that serialise on GPU). An expert id ≥ num_experts (a padding
+    token's assignment, `mask_invalid`) is in no queue: it sorts last, counts nowhere and takes no
+    slot. `rank` [T, k] (optional): the order within each queue, instead of assignment order."""
     n = expert_idx.size
     flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)
-    sorted_expert, order = jax.lax.sort((flat_expert, jnp.arange(n, dtype=jnp.int32)), num_keys=1, is_stable=True)
+    ids = jnp.arange(n, dtype=jnp.int32)
+    if rank is None:
+        sorted_expert, order = jax.lax.sort((flat_expert, ids), num_keys=1, is_stable=True)
+    else:
+        sorted_expert, _, order = jax.lax.sort((flat_expert, rank.T.reshape(-1).astype(jnp.int32), ids), num_keys=2)
     counts = routers.count_values(flat_expert, num_experts)
     starts = jnp.cumsum(counts) - counts
-    position = jnp.arange(n, dtype=jnp.int32) - starts[sorted_expert]
+    # One more start for the ids past the last expert (padding), so their positions stay in range.
+    position = ids - jnp.append(starts, jnp.sum(counts))[jnp.minimum(sorted_expert, num_experts)]
     return Queues(order, sorted_expert, position, starts, counts)
+
+
+def mask_invalid(expert_idx, valid, num_experts: int):
+    """expert_idx [T, k] with every choice of a token that is not valid (`valid` [T] False:
+    padding) replaced by num_experts, the id of no expert: it takes no slot, no capacity, no
+    wave and counts in no drop (`expert_queues`). valid None: every token is valid."""
+    if valid is None:
+        return expert_idx
+    return jnp.where(valid[:, None], expert_idx, num_experts).astype(expert_idx.dtype)
 
 
 def queue_slots(q: Queues, cap: int, first=0, limit=None) -> Slots:
@@ -136,7 +153,7 @@ def queue_slots(q: Queues, cap: int, first=0, limit=None) -> Slots:
     take a row (the rest were dropped before, e.g. at a sender's pool); default all."""
     n, num_experts = q.order.shape[0], q.counts.shape[0]
     pos = q.position - first
-    inside = (pos >= 0) & (pos < cap)
+    inside = (pos >= 0) & (pos < cap) & (q.sorted_expert < num_experts)
     queued = q.counts
     if limit is not None:
         inside &= q.position < limit[q.sorted_expert]
@@ -216,34 +233,80 @@ def wave_dispatch(x, expert_idx, weights, expert_fn: Callable, num_experts: int,
     return y.astype(x.dtype), jnp.int32(0)
 
 
-# --- pooled transport (published): one sender pool, per-wave receive buffers over stripes ----------
+# --- pooled transport (published): one sender pool per destination, striped by rank over waves -----
 
-def _rows8(value: float) -> int:
-    return 8 * math.ceil(math.ceil(value) / 8)
-
-
-def pooled_capacities(tokens: int, top_k: int, num_experts: int, peers: int, waves: int,
-                      send_factor: float, recv_factor: float) -> tuple[int, int]:
-    """(S, R) of the published pooled-wave transport, multiples of 8.
-
-    The sender pool is send_factor · T·k rows per device, cut into one chunk per (wave, peer):
-    S = send_factor · T·k / (waves · peers) rows (at most T·min(k, stripe), all a device can owe
-    one stripe of a peer). Each wave's receive buffer holds R = recv_factor · T·k / local rows
-    per local expert of the wave's stripe (local / waves experts), so recv_factor · T·k / waves
-    rows per wave (at most peers · min(S, T): all that can arrive for one expert)."""
-    local = num_experts // peers
-    stripe = local // waves
-    send = max(1, min(_rows8(send_factor * tokens * top_k / (waves * peers)), tokens * min(top_k, stripe)))
-    recv = max(1, min(_rows8(recv_factor * tokens * top_k / local), peers * min(send, tokens)))
-    return send, recv
+pooled_capacities = derive.pooled_capacities   # (S, R): the sizes, pure Python (planning reads them)
 
 
 def _identity(a):
     return a
 
 
-def _stripe(w: ExpertWeights, wave: int, stripe: int) -> ExpertWeights:
-    return ExpertWeights(*(a[wave * stripe:(wave + 1) * stripe] for a in w))
+def _token_major_rank(expert_idx, num_experts: int):
+    """[T, k] rank of each valid assignment among the sender's valid ones in token-major order
+    (t·k + j), padding (`mask_invalid`) skipped: a running count of valid tokens, no sort."""
+    tokens, k = expert_idx.shape
+    valid = expert_idx[:, 0] < num_experts
+    before = jnp.cumsum(valid.astype(jnp.int32)) - valid.astype(jnp.int32)    # valid tokens before t
+    return before[:, None] * k + jnp.arange(k, dtype=jnp.int32)[None, :]
+
+
+def _receiver_ranks(r_expert, peers: int, send_cap: int, local: int):
+    """Rank of each received row [peers·S] (sender-major) within its local expert, counted in pool
+    position order: every sender's row p before any sender's row p + 1 (round-robin over the
+    senders, so an overflow does not always cut the same sender). A running count per expert
+    ([peers·S, local] compares), no sort."""
+    by_position = r_expert.reshape(peers, send_cap).T.reshape(-1)
+    hit = by_position[:, None] == jnp.arange(local, dtype=r_expert.dtype)
+    rank = jnp.sum(jnp.where(hit, jnp.cumsum(hit, axis=0, dtype=jnp.int32), 0), axis=1) - 1
+    return rank.reshape(send_cap, peers).T.reshape(-1)
+
+
+class Pool(NamedTuple):
+    """A sender's pooled-wave plan, per assignment a = j·T + t (`sender_pool`)."""
+    queues: Queues            # each destination's queue, in token-major order
+    peer: jax.Array           # [T·k] destination device (peers: padding, no destination)
+    wave: jax.Array           # [T·k] rank in the destination's queue % waves
+    row: jax.Array            # [T·k] rank // waves: the row of the destination's pool in that wave
+    sent: jax.Array           # [T·k] kept at the sender: row < S
+    send_dropped: jax.Array   # [] what the pools could not hold
+
+
+def sender_pool(expert_idx, num_experts: int, local: int, peers: int, waves: int, send_cap: int) -> Pool:
+    """Rank each destination's assignments in token-major order (t·k + j; padding skipped); rank r
+    rides in wave r % waves at pool row r // waves, kept while that row < S (spec §9)."""
+    tokens, k = expert_idx.shape
+    n = tokens * k
+    dest = jnp.minimum(expert_idx // local, peers)                   # [T, k]; padding: peers
+    q = expert_queues(dest, peers, rank=_token_major_rank(expert_idx, num_experts))
+    rank = jnp.zeros((n,), jnp.int32).at[q.order].set(q.position, unique_indices=True)
+    peer = dest.T.reshape(-1).astype(jnp.int32)
+    sent = (peer < peers) & (rank // waves < send_cap)
+    dropped = jnp.sum(jnp.maximum(q.counts - waves * send_cap, 0))
+    return Pool(q, peer, rank % waves, rank // waves, sent, dropped)
+
+
+def wave_rows(pool: Pool, expert_idx, local: int, waves: int, send_cap: int, i):
+    """Wave i's send buffer [peers·S]: (the assignment in each row, n where empty; its local expert,
+    `local` where empty: the header that rides with the rows). Row p of destination d holds d's
+    queue entry p·waves + i, if d's queue has one."""
+    q = pool.queues
+    n, peers = q.order.shape[0], q.counts.shape[0]
+    queue_pos = jnp.arange(send_cap, dtype=jnp.int32)[None, :] * waves + i       # [peers, S]
+    filled = (queue_pos < q.counts[:, None]).reshape(-1)
+    assignment = jnp.where(filled, q.order[jnp.minimum(q.starts[:, None] + queue_pos, n - 1)].reshape(-1), n)
+    flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)
+    header = jnp.where(filled, flat_expert[jnp.minimum(assignment, n - 1)] % local, local)
+    return assignment, header
+
+
+def receiver_refused(r_expert, peers: int, send_cap: int, local: int, recv_cap: int):
+    """(row of each received row in the [local · R] expert buffer, rows·local where refused;
+    how many arrived rows were refused). `r_expert` [peers·S] sender-major, `local` = empty."""
+    rank = _receiver_ranks(r_expert, peers, send_cap, local)
+    arrived = r_expert < local
+    accept = arrived & (rank < recv_cap)
+    return jnp.where(accept, r_expert * recv_cap + rank, local * recv_cap), jnp.sum((arrived & ~accept).astype(jnp.int32))
 
 
 def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, peers: int,
@@ -251,73 +314,43 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
                     remat_waves: bool = True):
     """The published fixed pooled-wave transport: (y [T, ℓ], {"send": dropped, "recv": dropped}).
 
-    Each destination's `local` experts are cut into `waves` stripes of local / waves experts;
-    wave i carries every assignment to stripe i of every peer. The sender packs them into its
-    pool, one chunk of S rows per (wave, peer), in assignment order (first choices of all
-    tokens before second choices); what does not fit its chunk is dropped at the sender
-    ("send"). Expert ids (and each row's rank in its expert's queue) ride with the rows as a
-    header (`exchange`: one all_to_all of [peers, S, ·]). Each receiving expert has R rows per
-    wave, allocated round-robin across senders: every sender's j-th row for the expert before
-    any sender's (j+1)-th, so an overflow ("recv") drops evenly from all senders. Refused rows
-    come back as zeros. All shapes are static; each wave is rematerialised: `remat_waves` wraps
-    it in `jax.checkpoint` (for blocks that are not recomputed whole); inside a block under
-    `model.remat=full` the block's recomputation already rematerialises every wave, and a nested
-    checkpoint only raised the compiled peak (ladder_d768 on XLA:CPU: 16.74 GiB with it, 15.05
-    without; fixed 15.64). `w` holds this device's local experts. With peers = 1 and `exchange`
-    the identity it is a local dispatch.
+    The sender ranks each destination's assignments in token-major order (t·k + j); rank r goes
+    in wave r % waves, at row r // waves of that destination's pool of S rows, so every wave
+    carries every local expert and what the pool cannot hold ("send" drops: r // waves ≥ S) is
+    the shard's later tokens, whatever their choice rank. Local expert ids ride with the rows
+    (`exchange`: one all_to_all of [peers, S, ·] per wave). Each receiving (expert, wave) has R
+    rows, allocated round-robin across senders (`_receiver_ranks`), so an overflow ("recv") drops
+    evenly from all senders. Refused rows come back as zeros. Expert ids ≥ num_experts (padding,
+    `mask_invalid`) take no rank, row or drop. All shapes are static; each wave is
+    rematerialised: `remat_waves` wraps it in `jax.checkpoint` (for blocks that are not recomputed
+    whole); inside a block under `model.remat=full` the block's recomputation already
+    rematerialises every wave, and a nested checkpoint only raised the compiled peak (ladder_d768
+    on XLA:CPU: 16.74 GiB with it, 15.05 without; fixed 15.64). `w` holds this device's local
+    experts. With peers = 1 and `exchange` the identity it is a local dispatch.
     """
     tokens, k = expert_idx.shape
     n = tokens * k
     local = w.gate.shape[0]
-    if local % waves:  # validation refuses this config; a caller that skips it must not lose a stripe
-        raise ValueError(f"pooled: {local} local experts do not divide into {waves} waves")
-    stripe = local // waves
-    slots, rows = peers * send_cap, stripe * recv_cap
-    flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)   # assignment a = j·T + t
-    peer, lo = flat_expert // local, flat_expert % local
-    wave_of, in_stripe = lo // stripe, lo % stripe
-    # Sender pool: rank within the (wave, peer) chunk, in assignment order.
-    group = wave_of * peers + peer
-    g_order = jnp.argsort(group, stable=True).astype(jnp.int32)
-    g_counts = routers.count_values(group, waves * peers)
-    g_rank = jnp.zeros((n,), jnp.int32).at[g_order].set(
-        jnp.arange(n, dtype=jnp.int32) - (jnp.cumsum(g_counts) - g_counts)[group[g_order]], unique_indices=True)
-    sent = g_rank < send_cap
-    # A sent row's rank among this sender's rows for its expert: its place in the expert's queue
-    # (a chunk's sent rows are a prefix, in assignment order, of each of its experts' queues).
-    q = expert_queues(expert_idx, num_experts)
-    e_rank = jnp.zeros((n,), jnp.int32).at[q.order].set(q.position, unique_indices=True)
-    send_dropped = jnp.sum((~sent).astype(jnp.int32))
+    slots, rows = peers * send_cap, local * recv_cap
+    pool = sender_pool(expert_idx, num_experts, local, peers, waves, send_cap)
+    peer, wave_of = pool.peer, pool.wave
+    slot_of = peer * send_cap + pool.row
     wts = weights.T.astype(jnp.float32)                           # [k, T]
-    src = jnp.arange(slots, dtype=jnp.int32) // send_cap
 
     def wave(x, gate, up, down, i):
         """One wave: (its contribution to y [T, ℓ] fp32, rows refused by the receivers)."""
-        mine = sent & (wave_of == i)
-        slot_of_assignment = jnp.where(mine, peer * send_cap + g_rank, slots)
-        assignment_of_slot = jnp.full((slots,), n, jnp.int32).at[slot_of_assignment].set(
-            jnp.arange(n, dtype=jnp.int32), mode="drop")
+        slot_of_assignment = jnp.where(pool.sent & (wave_of == i), slot_of, slots)
+        assignment_of_slot, header = wave_rows(pool, expert_idx, local, waves, send_cap, i)
         filled = assignment_of_slot < n
-        a = jnp.minimum(assignment_of_slot, n - 1)
-        header = jnp.stack([jnp.where(filled, in_stripe[a], stripe), jnp.where(filled, e_rank[a], 0)], -1)
         token_of_slot = jnp.where(filled, assignment_of_slot % tokens, tokens)
         xs = take_rows(x, token_of_slot, slot_of_assignment.reshape(k, tokens))
         recv = exchange(xs.reshape(peers, send_cap, -1)).reshape(slots, -1)
-        hdr = exchange(header.reshape(peers, send_cap, 2)).reshape(slots, 2)
-        r_expert, r_rank = hdr[:, 0], hdr[:, 1]
-        # Receiver: per expert, order rows by (rank at the sender, sender): round-robin slots.
-        key = (r_expert * tokens + jnp.minimum(r_rank, tokens - 1)) * peers + src
-        order = jnp.argsort(key).astype(jnp.int32)
-        sorted_expert = r_expert[order]
-        counts = routers.count_values(r_expert, stripe + 1)
-        position = jnp.arange(slots, dtype=jnp.int32) - (jnp.cumsum(counts) - counts)[sorted_expert]
-        accept = (sorted_expert < stripe) & (position < recv_cap)
-        row_sorted = jnp.where(accept, sorted_expert * recv_cap + position, rows)
-        row_of_recv = jnp.zeros((slots,), jnp.int32).at[order].set(row_sorted, unique_indices=True)
-        recv_of_row = jnp.full((rows,), slots, jnp.int32).at[row_sorted].set(order, mode="drop")
-        refused = jnp.sum(((sorted_expert < stripe) & ~accept).astype(jnp.int32))
+        r_expert = exchange(header.reshape(peers, send_cap)).reshape(slots)
+        row_of_recv, refused = receiver_refused(r_expert, peers, send_cap, local, recv_cap)
+        recv_of_row = jnp.full((rows,), slots, jnp.int32).at[row_of_recv].set(
+            jnp.arange(slots, dtype=jnp.int32), mode="drop")
         xe = take_rows(recv, recv_of_row, row_of_recv[None])
-        ye = expert_swiglu(xe.reshape(stripe, recv_cap, -1), ExpertWeights(gate, up, down)).reshape(rows, -1)
+        ye = expert_swiglu(xe.reshape(local, recv_cap, -1), ExpertWeights(gate, up, down)).reshape(rows, -1)
         out = take_rows(ye, row_of_recv, recv_of_row[None])         # refused rows: zeros
         back = exchange(out.reshape(peers, send_cap, -1)).reshape(slots, -1)
         # Combine one choice at a time: [T, ℓ] gathers, never a [T·k, ℓ] buffer per wave.
@@ -332,41 +365,34 @@ def pooled_dispatch(x, expert_idx, weights, w: ExpertWeights, num_experts: int, 
     y = jnp.zeros(x.shape, jnp.float32)
     recv_dropped = jnp.int32(0)
     for i in range(waves):
-        ws = _stripe(w, i, stripe)
         fn = jax.checkpoint(partial(wave, i=i)) if remat_waves else partial(wave, i=i)
-        dy, refused = fn(x, ws.gate, ws.up, ws.down)
+        dy, refused = fn(x, w.gate, w.up, w.down)
         y, recv_dropped = y + dy, recv_dropped + refused
-    return y.astype(x.dtype), {"send": send_dropped, "recv": recv_dropped}
+    return y.astype(x.dtype), {"send": pool.send_dropped, "recv": recv_dropped}
 
 
 def pooled_one_device(x, expert_idx, weights, w: ExpertWeights, send_cap: int, recv_cap: int, waves: int):
     """`pooled_dispatch` with one peer, in one pass: the same result and the same drops per stage.
 
     With one peer the exchange is the identity and the waves only add bookkeeping (per wave: a
-    sort, a pool, a receive buffer; on one H200, ladder_d768 lowered to 76 scatters and 102 gathers
-    against fixed's 20 and 38). What is left is two drop rules and one fixed-capacity buffer:
-    - the sender pool keeps, of each wave's stripe of experts, the first S assignments in
-      assignment order; what it keeps of each expert is a prefix of that expert's queue;
-    - each expert receives at most R rows, its queue's first R among those kept.
-    So expert e runs the first min(kept_e, R) of its queue: `queue_slots` with cap R and that
-    limit, and the [E, R, ℓ] buffer of `sort_dispatch`. The published transport stays as it is
-    (not `fixed`: its sender pool drops what fixed would keep, so results would change)."""
-    tokens, k = expert_idx.shape
+    pool, a receive buffer, an exchange). What is left is two drop rules and one fixed-capacity
+    buffer. The device is the only destination, so an assignment's rank there is its token-major
+    index r (among valid tokens): it is in wave r % waves and kept at the sender while
+    r < waves · S, a prefix of every (expert, wave) queue ordered by r; the receiver keeps the
+    first R of each such queue. So: queues over (expert, wave) groups ordered by r (one sort),
+    `queue_slots` with cap R and the sender's prefix as limit, and the [E, waves·R, ℓ] buffer of
+    `sort_dispatch`. The published transport stays as it is (not `fixed`: its sender pool drops
+    what fixed would keep, so results would change)."""
     num_experts = w.gate.shape[0]
-    if num_experts % waves:  # validation refuses this config; a caller that skips it must not lose a stripe
-        raise ValueError(f"pooled: {num_experts} experts do not divide into {waves} waves")
-    flat_expert = expert_idx.T.reshape(-1).astype(jnp.int32)     # assignment a = j·T + t
-    wave_of = flat_expert // (num_experts // waves)
-    # Rank of each assignment within its wave's chunk, in assignment order: a running count per
-    # wave (waves is small), picked by the assignment's own wave; no sort, no scatter.
-    in_wave = wave_of[:, None] == jnp.arange(waves, dtype=jnp.int32)
-    g_rank = jnp.sum(jnp.where(in_wave, jnp.cumsum(in_wave, axis=0, dtype=jnp.int32), 0), axis=1) - 1
-    sent = g_rank < send_cap
-    kept = routers.count_values(jnp.where(sent, flat_expert, num_experts), num_experts)
-    q = expert_queues(expert_idx, num_experts)
+    rank = _token_major_rank(expert_idx, num_experts)                # [T, k]
+    groups = num_experts * waves
+    group = jnp.where(expert_idx < num_experts, expert_idx * waves + rank % waves, groups)
+    sent = (group < groups) & (rank < waves * send_cap)
+    kept = routers.count_values(jnp.where(sent, group, groups), groups)
+    q = expert_queues(group, groups, rank=rank)
     s = queue_slots(q, recv_cap, limit=kept)
-    y = slot_dispatch(x, s, weights, partial(expert_swiglu, w=w), num_experts, recv_cap)
-    send_dropped = jnp.int32(flat_expert.shape[0]) - jnp.sum(kept)
+    y = slot_dispatch(x, s, weights, partial(expert_swiglu, w=w), num_experts, waves * recv_cap)
+    send_dropped = jnp.sum(q.counts) - jnp.sum(kept)
     return y, {"send": send_dropped, "recv": jnp.sum(jnp.maximum(kept - recv_cap, 0))}
 
 
@@ -375,7 +401,8 @@ def dense_dispatch(x, expert_idx, weights, w: ExpertWeights):
     tokens = x.shape[0]
     num_experts = w.gate.shape[0]
     ye = expert_swiglu(jnp.broadcast_to(x, (num_experts,) + x.shape), w)
-    dense_w = jnp.zeros((tokens, num_experts), jnp.float32).at[jnp.arange(tokens)[:, None], expert_idx].add(weights)
+    dense_w = jnp.zeros((tokens, num_experts), jnp.float32).at[jnp.arange(tokens)[:, None], expert_idx].add(
+        weights, mode="drop")   # an id past the last expert (padding, `mask_invalid`) adds nothing
     return jnp.einsum("te,etl->tl", dense_w, ye.astype(jnp.float32)).astype(x.dtype)
 
 
@@ -393,7 +420,11 @@ def ragged_dot_dispatch(x, expert_idx, weights, w: ExpertWeights, impl: str = "x
     matmul = partial(grouped_matmul, group_sizes=q.counts, impl=impl)
     h = jax.nn.silu(matmul(xs, w.gate)) * matmul(xs, w.up)
     ys = matmul(h, w.down)
-    y_assign = take_rows(ys, sorted_pos, q.order[None]).reshape(k, tokens, -1)
+    # Rows past the groups (padding's, sorted last) are read by no one: a kernel may leave them unset.
+    grouped = jnp.sum(q.counts)
+    in_group = jnp.arange(n, dtype=jnp.int32) < grouped
+    read = jnp.where(sorted_pos < grouped, sorted_pos, n)
+    y_assign = take_rows(ys, read, jnp.where(in_group, q.order, n)[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     return y.astype(x.dtype)
 
@@ -434,7 +465,7 @@ def local_transport(x, expert_idx, weights, w: ExpertWeights, cfg, cap: int):
 
 def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
                    axis_names=(), expert_fn: Callable | None = None, num_experts: int | None = None,
-                   wave_axes=(), transport: Callable | None = None):
+                   wave_axes=(), transport: Callable | None = None, valid=None):
     """Route, dispatch, run the experts and combine, on this device's tokens.
 
     x [T, ℓ] (latent, normalised), logits [T, E] fp32, bias [E]. Returns (y [T, ℓ], stats) with
@@ -449,12 +480,19 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     The training pass (and evaluation with drops) moves tokens by `model.ep_transport`: under
     expert parallelism as `transport(x, expert_idx, weights) -> (y, dropped)` says, on one device
     by `local_transport`.
+    `valid` [T] (None: all): tokens that are not valid (padding, `segment_ids == 0`) are no tokens
+    for routing (spec §9): they take no slot, capacity, wave or drop in any dispatch, enter no
+    router statistic, and get zero expert output; the dropped fractions are of the valid
+    tokens' assignments.
     """
     m = cfg.model
     tokens = x.shape[0]
     k = cfg.router.top_k
     num_experts = num_experts or w.gate.shape[0]
-    expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names)
+    expert_idx, weights, stats = routers.route(logits, bias, cfg, axis_names=axis_names, valid=valid)
+    if valid is not None:
+        expert_idx = mask_invalid(expert_idx, valid, num_experts)
+        weights = jnp.where(valid[:, None], weights, 0.0)
     dropped = jnp.int32(0)
     if m.dispatch == "sort" or expert_fn is not None:
         cap = capacity(tokens, k, num_experts, m.capacity_factor)
@@ -476,9 +514,10 @@ def routed_experts(x, logits, bias, w: ExpertWeights, cfg, *, train: bool,
     # Drops by stage: a transport returns {"send", "recv"} counts; a bare count is the sender's.
     drops = dropped if isinstance(dropped, dict) else {"send": dropped, "recv": jnp.int32(0)}
     drops = {stage: jnp.asarray(v, jnp.int32) for stage, v in drops.items()}
-    total = jnp.int32(tokens * k)
+    total = jnp.int32(tokens * k) if valid is None else jnp.sum(valid, dtype=jnp.int32) * k
     if axis_names:
         drops, total = jax.lax.psum((drops, total), tuple(axis_names))
+    total = jnp.maximum(total, 1)
     stats["dropped_frac/send"] = drops["send"].astype(jnp.float32) / total.astype(jnp.float32)
     stats["dropped_frac/recv"] = drops["recv"].astype(jnp.float32) / total.astype(jnp.float32)
     stats["dropped_frac"] = (drops["send"] + drops["recv"]).astype(jnp.float32) / total.astype(jnp.float32)

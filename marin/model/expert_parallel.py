@@ -10,15 +10,16 @@ training transport, `model.ep_transport`:
   matmul and a second `all_to_all` returns the rows. A (device, expert) pair past C_local drops,
   even when the expert has room for every device's rows.
 - `pooled` (`dispatch.pooled_dispatch`, the published run's transport until step 81,716): one
-  sender pool per device (`model.ep_send_capacity_factor` · T·k rows, one chunk per wave and
-  peer), `model.ep_waves` static waves over stripes of each destination's local experts, each
-  with its own receive buffer (`model.ep_recv_capacity_factor` · T·k / waves rows per device),
-  receiver slots round-robin across senders, each wave rematerialised; drops counted per stage
-  (send, recv). Static shapes: runs on every backend.
+  sender pool per device (`model.ep_send_capacity_factor` · T·k rows), each destination's share
+  filled by token-major rank and striped over `model.ep_waves` static waves that each carry
+  every local expert; receive buffers of `model.ep_recv_capacity_factor` · T·k / (local · waves)
+  rows per (expert, wave), slots round-robin across senders, each wave rematerialised; drops
+  counted per stage (send, recv). Static shapes: runs on every backend.
 - `ragged` (`ragged_transport`): `jax.lax.ragged_all_to_all` sends exactly the rows each peer
-  needs into one shared receive buffer of `model.ep_recv_capacity_factor` · T·k rows; the
-  receiver runs its experts with grouped matmuls (`model.grouped_matmul`). No drops unless a device receives more
-  than its buffer (then "recv" drops). XLA:CPU can lower it but not compile or run it (validation
+  needs into a receive buffer of ⌈`model.ep_recv_capacity_factor` · T·k⌉ / `model.ep_expert_chunks`
+  rows per chunk of local experts, the chunks one after another (one chunk's buffers live); the
+  receiver runs its experts with grouped matmuls (`model.grouped_matmul`). No drops unless a
+  chunk receives more than its buffer (then "recv" drops). XLA:CPU can lower it but not compile or run it (validation
   refuses ragged on CPU outside a planning dry run); tests on CPU run the same index arithmetic
   through `emulated_ragged_all_to_all`.
 
@@ -77,12 +78,7 @@ def _exchange(a):
 
 # --- ragged transport -------------------------------------------------------------------------
 
-def ragged_buffer_rows(tokens: int, top_k: int, num_experts: int, peers: int, recv_factor: float) -> int:
-    """Receive-buffer rows of the ragged transport, shared by the device's local experts (as
-    production from step 81,716): recv_factor · T·k rows, a multiple of 8, at most the worst case
-    peers · T · min(k, E/peers), where it is exact by construction."""
-    worst = peers * tokens * min(top_k, num_experts // peers)
-    return max(1, min(8 * math.ceil(math.ceil(recv_factor * tokens * top_k) / 8), worst))
+ragged_buffer_rows = derive.ragged_buffer_rows   # rows of one chunk's receive buffer (pure Python)
 
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
@@ -137,54 +133,93 @@ RAGGED_ALL_TO_ALL = jax.lax.ragged_all_to_all   # tests on CPU swap in `emulated
 GROUPED_MATMUL = None   # None: kernels.grouped_matmul by model.grouped_matmul; dry_run=compile on CPU swaps in the stand-ins
 
 
+def _chunk_weights(w: ExpertWeights, chunks: int) -> ExpertWeights:
+    """[local, ...] → [chunks, local / chunks, ...]; the local experts padded with zero experts
+    (which no assignment targets) when `chunks` does not divide them."""
+    local = w.gate.shape[0]
+    per = -(-local // chunks)
+
+    def split(a):
+        if per * chunks > local:
+            a = jnp.concatenate([a, jnp.zeros((per * chunks - local, *a.shape[1:]), a.dtype)])
+        return a.reshape(chunks, per, *a.shape[1:])
+    return ExpertWeights(*(split(a) for a in w))
+
+
+def _exclusive(a, axis):
+    return jnp.cumsum(a, axis=axis) - a
+
+
 def ragged_transport(x, expert_idx, weights, w: ExpertWeights, num_experts: int, buffer_rows: int,
-                     impl: str = "xla"):
+                     impl: str = "xla", chunks: int = 1):
     """Exact expert transport with `ragged_all_to_all`: (y [T, ℓ], dropped assignments []).
 
     The T·k assignments are sorted by expert (so by owning peer); one all_gather of the per
     (peer, expert) counts [n, n, E/n] tells every device every block's size, so all of them
-    compute the same offsets: device s's block for peer p lands in p's buffer after the blocks of
-    devices < s (cut at `buffer_rows`; what is cut is dropped and counted). The receiver sorts its
-    rows by local expert, runs the experts as grouped matmuls (`kernels.grouped_matmul`, `impl`:
-    model.grouped_matmul), unsorts, and a second
-    ragged_all_to_all with the offsets swapped returns the rows into the sender's sorted buffer
-    (rows never sent come back as zeros). Every move is a gather with a gather as transpose or a
-    ragged_all_to_all (whose transpose is another): differentiable.
+    compute the same offsets. The local experts are cut into `chunks` chunks
+    (`model.ep_expert_chunks`; production: 2) that run one after another, so one
+    chunk's receive buffer of `buffer_rows` rows (and its expert activations) is live at a time:
+    per chunk, device s's block for peer p lands in p's buffer after the blocks of devices < s
+    (cut at `buffer_rows`; what is cut is dropped and counted, per chunk). The receiver sorts its
+    rows by local expert, runs the chunk's experts as grouped matmuls (`kernels.grouped_matmul`,
+    `impl`: model.grouped_matmul), unsorts, and a second ragged_all_to_all with the offsets
+    swapped returns the rows into the sender's sorted buffer, chunk after chunk (rows never sent
+    come back as zeros). Every move is a gather with a gather as transpose or a ragged_all_to_all
+    (whose transpose is another): differentiable. Expert ids ≥ num_experts (padding,
+    `dispatch.mask_invalid`) sort last and are never sent.
     """
     a2a = partial(RAGGED_ALL_TO_ALL, axis_name=EXPERT_AXIS)
     ragged_dot = GROUPED_MATMUL or partial(grouped_matmul, impl=impl)
     tokens, k = expert_idx.shape
     n, local = tokens * k, w.gate.shape[0]
     peers = num_experts // local
+    chunks = max(1, min(chunks, local))
+    cw = _chunk_weights(w, chunks)
+    per = cw.gate.shape[1]                                                       # experts per chunk
     q = expert_queues(expert_idx, num_experts)
     sorted_pos = jnp.zeros((n,), jnp.int32).at[q.order].set(jnp.arange(n, dtype=jnp.int32), unique_indices=True)
     xs = take_rows(x, q.order % tokens, sorted_pos.reshape(k, tokens))            # [T·k, ℓ] by expert
 
-    counts = jax.lax.all_gather(q.counts.reshape(peers, local), EXPERT_AXIS)     # [src, dst, local]
-    total = jnp.sum(counts, axis=-1)                                             # [src, dst]
-    send_off = jnp.cumsum(total, axis=1) - total       # where src's block for dst starts in src's buffer
-    full_off = jnp.cumsum(total, axis=0) - total
-    kept = jnp.clip(buffer_rows - full_off, 0, total)  # what fits in dst's buffer
-    recv_off = jnp.cumsum(kept, axis=0) - kept         # where src's block starts in dst's buffer
+    mine = jnp.pad(q.counts.reshape(peers, local), ((0, 0), (0, per * chunks - local)))
+    counts = jax.lax.all_gather(mine.reshape(peers, chunks, per), EXPERT_AXIS)   # [src, dst, chunk, expert]
+    total = jnp.sum(counts, axis=-1)                                             # [src, dst, chunk]
+    # Where src's block for (dst, chunk) starts in src's sorted buffer: blocks in (dst, chunk) order.
+    send_off = _exclusive(total.reshape(peers, -1), 1).reshape(total.shape)
+    full_off = _exclusive(total, 0)
+    kept = jnp.clip(buffer_rows - full_off, 0, total)  # what fits in dst's buffer for that chunk
+    recv_off = _exclusive(kept, 0)                     # where src's block starts in dst's chunk buffer
     me = jax.lax.axis_index(EXPERT_AXIS)
-    recv = a2a(xs, jnp.zeros((buffer_rows, x.shape[-1]), x.dtype), send_off[me], kept[me],
-               recv_off[me], kept[:, me])
-
-    # Each received row's local expert: its sender's block, then the group within that block.
     r = jnp.arange(buffer_rows, dtype=jnp.int32)
-    src = jnp.searchsorted(jnp.cumsum(kept[:, me]), r, side="right")
-    src_c = jnp.minimum(src, peers - 1)
-    within = r - recv_off[src_c, me]
-    group_end = jnp.cumsum(counts[:, me, :], axis=-1)[src_c]                    # [rows, local]
-    expert = jnp.where(src < peers, jnp.sum(within[:, None] >= group_end, axis=-1), local)
-    order = jnp.argsort(expert, stable=True).astype(jnp.int32)
-    position = jnp.zeros((buffer_rows,), jnp.int32).at[order].set(r, unique_indices=True)
-    group_sizes = routers.count_values(expert, local)   # compare-and-sum: no scatter-add (atomics) on GPU
-    xr = take_rows(recv, order, position[None])
-    h = jax.nn.silu(ragged_dot(xr, w.gate, group_sizes)) * ragged_dot(xr, w.up, group_sizes)
-    out = take_rows(ragged_dot(h, w.down, group_sizes), position, order[None])
 
-    back = a2a(out, jnp.zeros_like(xs), recv_off[:, me], kept[:, me], send_off[:, me], kept[me])
+    def chunk(xs, back, c: int):
+        """One chunk of local experts: receive, run, return into `back` (the sender's sorted rows)."""
+        gate, up, down = (a[c] for a in cw)
+        send, got = kept[me, :, c], kept[:, me, c]
+        recv = a2a(xs, jnp.zeros((buffer_rows, x.shape[-1]), x.dtype), send_off[me, :, c], send,
+                   recv_off[me, :, c], got)
+        # Each received row's expert within the chunk: its sender's block, then the group in it.
+        src = jnp.searchsorted(jnp.cumsum(got), r, side="right")
+        src_c = jnp.minimum(src, peers - 1)
+        within = r - recv_off[src_c, me, c]
+        group_end = jnp.cumsum(counts[:, me, c, :], axis=-1)[src_c]              # [rows, per]
+        expert = jnp.where(src < peers, jnp.sum(within[:, None] >= group_end, axis=-1), per)
+        order = jnp.argsort(expert, stable=True).astype(jnp.int32)
+        position = jnp.zeros((buffer_rows,), jnp.int32).at[order].set(r, unique_indices=True)
+        group_sizes = routers.count_values(expert, per)   # compare-and-sum: no scatter-add (atomics) on GPU
+        xr = take_rows(recv, order, position[None])
+        h = jax.nn.silu(ragged_dot(xr, gate, group_sizes)) * ragged_dot(xr, up, group_sizes)
+        out = take_rows(ragged_dot(h, down, group_sizes), position, order[None])
+        return a2a(out, back, recv_off[:, me, c], got, send_off[:, me, c], send)
+
+    # Chunk c + 1 reads the send rows only through a barrier with chunk c's returned rows, so it
+    # cannot start before chunk c is done: one chunk's buffers are live at a time. (A lax.scan
+    # does the same on a GPU, but XLA:CPU holds its stacked bf16 residuals in fp32: the hero's
+    # dry_run=compile peak was 183.7 GiB with it, 147.6 with one chunk.)
+    back = jnp.zeros_like(xs)
+    for c in range(chunks):
+        if c:
+            xs, back = jax.lax.optimization_barrier((xs, back))
+        back = chunk(xs, back, c)
     y_assign = take_rows(back, sorted_pos, q.order[None]).reshape(k, tokens, -1)
     y = jnp.einsum("kt,ktl->tl", weights.T.astype(jnp.float32), y_assign.astype(jnp.float32))
     # What is cut at the receivers' buffers: counted once, by the sender.
@@ -215,9 +250,10 @@ def _pooled(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: i
 @PARALLEL.register("ragged")
 def _ragged(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
     m = cfg.model
-    rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor)
+    chunks = max(1, min(m.ep_expert_chunks, num_experts // peers))
+    rows = ragged_buffer_rows(tokens, cfg.router.top_k, num_experts, peers, m.ep_recv_capacity_factor, chunks)
     return partial(ragged_transport, w=local_w, num_experts=num_experts, buffer_rows=rows,
-                   impl=derive.grouped_matmul_impl(cfg))
+                   impl=derive.grouped_matmul_impl(cfg), chunks=chunks)
 
 
 def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens: int, batch_axes):
@@ -225,20 +261,20 @@ def _transport(cfg, local_w: ExpertWeights, num_experts: int, peers: int, tokens
     return PARALLEL.get(cfg.model.ep_transport)(cfg, local_w, num_experts, peers, tokens, batch_axes)
 
 
-def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh):
+def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, mesh, valid=None):
     """`dispatch.routed_experts` with expert parallelism over `mesh` (same inputs and outputs).
 
     x [N, ℓ] and logits [N, E]: all tokens, N divisible by the batch-axis size; the expert
-    weights are sharded on E over `expert` (E divisible by its size).
+    weights are sharded on E over `expert` (E divisible by its size); valid [N] (None: all).
     """
     batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
     num_experts, peers = w.gate.shape[0], expert_parallel_size(mesh)
     if num_experts % peers:
         raise ValueError(f"{num_experts} experts do not split over expert axis {peers}")
 
-    def local(x, logits, bias, gate, up, down):
+    def local(x, logits, bias, gate, up, down, valid):
         local_w = ExpertWeights(gate, up, down)
-        return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes,
+        return routed_experts(x, logits, bias, local_w, cfg, train=train, axis_names=batch_axes, valid=valid,
                               expert_fn=partial(_remote_experts, w=local_w), num_experts=num_experts,
                               wave_axes=(EXPERT_AXIS,),
                               transport=_transport(cfg, local_w, num_experts, peers, x.shape[0], batch_axes))
@@ -246,6 +282,7 @@ def routed_experts_ep(x, logits, bias, w: ExpertWeights, cfg, *, train: bool, me
     tokens, experts = P(batch_axes, None), P(EXPERT_AXIS, None, None)
     stats_spec = {"beta": P(), "load": P(), "aux_loss": P(), "dropped_frac": P(),
                   "dropped_frac/send": P(), "dropped_frac/recv": P()}
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, P(), experts, experts, experts),
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, P(), experts, experts, experts, P(batch_axes)),
                        out_specs=(tokens, stats_spec))
-    return fn(x, logits, bias, w.gate, w.up, w.down)
+    valid = jnp.ones(x.shape[:1], bool) if valid is None else valid
+    return fn(x, logits, bias, w.gate, w.up, w.down, valid)

@@ -27,13 +27,14 @@ from marin.model.norms import RMSNorm, matmul, matrix_init
 
 
 class MoE(nn.Module):
-    """`__call__(x [B,T,d], router_bias [E], *, train, mesh=None) -> (y [B,T,d], stats)`;
+    """`__call__(x [B,T,d], router_bias [E], *, train, mesh=None, valid=None) -> (y [B,T,d], stats)`;
+    valid [B,T] (None: all): the tokens that route (padding takes no expert and no statistic);
     stats = {beta [E], load [E], dropped_frac [] (and by stage: dropped_frac/send, /recv), aux_loss []}
     (see `dispatch.routed_experts`)."""
     cfg: Any
 
     @nn.compact
-    def __call__(self, x, router_bias, *, train: bool, mesh=None):
+    def __call__(self, x, router_bias, *, train: bool, mesh=None, valid=None):
         m = self.cfg.model
         d, num_experts = x.shape[-1], m.num_experts
         latent, width = int(m.latent_dim), int(m.expert_width)
@@ -51,6 +52,7 @@ class MoE(nn.Module):
         )
 
         tokens = x.reshape(-1, d)
+        valid = None if valid is None else valid.reshape(-1)
         # Named scopes: the parts of a profile (benchmarks/gpu_profile.py); the latent projections
         # and shared experts count with the experts' matmuls, the rest of the layer is dispatch.
         with jax.named_scope("routing"):
@@ -59,9 +61,10 @@ class MoE(nn.Module):
             h = matmul(tokens, latent_down, dtype)
         h = RMSNorm(m.norm_eps, name="latent_norm")(h).astype(dtype)
         if expert_parallel_size(mesh) > 1:
-            routed, stats = routed_experts_ep(h, logits, router_bias, experts, self.cfg, train=train, mesh=mesh)
+            routed, stats = routed_experts_ep(h, logits, router_bias, experts, self.cfg, train=train, mesh=mesh,
+                                              valid=valid)
         else:
-            routed, stats = routed_experts(h, logits, router_bias, experts, self.cfg, train=train)
+            routed, stats = routed_experts(h, logits, router_bias, experts, self.cfg, train=train, valid=valid)
         combine = jnp.dtype(m.combine_dtype)  # the layer's output sum: routed experts' up-projection + shared experts
         with jax.named_scope("expert_gemm"):
             y = matmul(routed, latent_up, dtype, combine)

@@ -51,14 +51,17 @@ def count_values(idx, length: int, dtype=jnp.int32):
     return jnp.sum(idx.reshape(-1, 1) == values, axis=0, dtype=dtype)
 
 
-def expert_load(expert_idx, num_experts: int, axis_names: Axes = ()):
-    """Fraction of all assignments that go to each expert [E], before any capacity drop."""
+def expert_load(expert_idx, num_experts: int, axis_names: Axes = (), valid=None):
+    """Fraction of all assignments that go to each expert [E], before any capacity drop; only
+    valid tokens' (`valid` [T], None: all) count."""
+    if valid is not None:   # an id past the last expert counts nowhere
+        expert_idx = jnp.where(valid[:, None], expert_idx, num_experts)
     counts = count_values(expert_idx, num_experts, jnp.float32)
-    total = _psum(jnp.float32(expert_idx.size), axis_names)
-    return _psum(counts, axis_names) / total
+    total = _psum(jnp.sum(counts), axis_names)
+    return _psum(counts, axis_names) / jnp.maximum(total, 1.0)
 
 
-def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
+def histogram_quantile(values, q: float, bins: int, axis_names: Axes = (), valid=None):
     """Per-column q-quantile of `values` [T,E] over the (global) batch, from a histogram.
 
     As the published run does it: one range, the global min/max of all values; `bins` equal
@@ -67,20 +70,28 @@ def histogram_quantile(values, q: float, bins: int, axis_names: Axes = ()):
     values at or below it (numpy's `inverted_cdf`), so (1 − q)·N values lie above. Counts are int32 so that a global
     batch beyond 2^24 tokens still counts exactly. The histogram is never built: only its
     crossing bin and the counts up to it, by bisection (below), the same numbers exactly.
+    Rows with `valid` [T] False (padding) are left out of the range and the counts.
     """
     values = jax.lax.stop_gradient(values.astype(jnp.float32))
     tokens, experts = values.shape
-    lo, hi = jnp.min(values), jnp.max(values)
+    if valid is None:
+        lo, hi = jnp.min(values), jnp.max(values)
+        n = _psum(jnp.int32(tokens), axis_names)
+        inside = True
+    else:
+        inside = valid[:, None]
+        lo, hi = jnp.min(jnp.where(inside, values, jnp.inf)), jnp.max(jnp.where(inside, values, -jnp.inf))
+        n = _psum(jnp.sum(valid, dtype=jnp.int32), axis_names)
     if axis_names:
         lo, hi = jax.lax.pmin(lo, tuple(axis_names)), jax.lax.pmax(hi, tuple(axis_names))
+    lo, hi = jnp.where(n > 0, lo, 0.0), jnp.where(n > 0, hi, 0.0)   # no valid token: a zero quantile
     width = jnp.maximum(hi - lo, 1e-12) / bins
     bin_idx = jnp.clip(jnp.floor((values - lo) / width), 0, bins - 1).astype(jnp.int32)
-    n = _psum(jnp.int32(tokens), axis_names)
     target = q * n.astype(jnp.float32)                       # values below the quantile
 
     def cdf(b):
         """Values in bins ≤ b [E] (global), per column."""
-        return _psum(jnp.sum(bin_idx <= b, axis=0, dtype=jnp.int32), axis_names)
+        return _psum(jnp.sum((bin_idx <= b) & inside, axis=0, dtype=jnp.int32), axis_names)
 
     # The first bin whose cumulative count reaches the target, found by bisection over the bins:
     # ceil(log2 bins) compare-and-sum passes over [T, E] (and psums of [E]) instead of scattering
@@ -111,12 +122,13 @@ class Router:
     """A routing rule: which experts a token takes, and the [L, E] router state it keeps.
 
     `select` returns (expert_idx [T,k], beta [E]); the defaults select on the biased logits,
-    add no loss and keep no state."""
+    add no loss and keep no state. `valid` [T] (None: all): the tokens whose statistics count
+    (padding is no token for routing)."""
 
-    def select(self, logits, biased, k: int, cfg, axis_names: Axes):
+    def select(self, logits, biased, k: int, cfg, axis_names: Axes, valid=None):
         return jax.lax.top_k(biased, k)[1], jnp.zeros((logits.shape[-1],), jnp.float32)
 
-    def aux_loss(self, logits, load, cfg, axis_names: Axes):
+    def aux_loss(self, logits, load, cfg, axis_names: Axes, valid=None):
         return jnp.float32(0.0)
 
     def bias(self, state, cfg):
@@ -130,11 +142,11 @@ class Router:
 class QuantileBalancing(Router):
     """QB: the bias is −β, the (1 − k/E) quantile of each expert's margin over the batch."""
 
-    def select(self, logits, biased, k, cfg, axis_names):
+    def select(self, logits, biased, k, cfg, axis_names, valid=None):
         top_vals, top_idx = jax.lax.top_k(biased, k + 1)
         threshold = top_vals[:, k]                           # α: the (k+1)-th biased value
         margins = logits - threshold[:, None]                # m = s − α
-        beta = histogram_quantile(margins, 1.0 - k / logits.shape[-1], cfg.router.qb_bins, axis_names)
+        beta = histogram_quantile(margins, 1.0 - k / logits.shape[-1], cfg.router.qb_bins, axis_names, valid)
         return top_idx[:, :k], beta
 
     def bias(self, state, cfg):
@@ -149,13 +161,14 @@ class QuantileBalancing(Router):
 class SoftmaxAux(Router):
     """Top-k of the unbiased logits plus Switch Transformer's load-balancing loss."""
 
-    def select(self, logits, biased, k, cfg, axis_names):
+    def select(self, logits, biased, k, cfg, axis_names, valid=None):
         return super().select(logits, logits, k, cfg, axis_names)
 
-    def aux_loss(self, logits, load, cfg, axis_names):
-        # E · Σ_e f_e · P_e, f = assignment fraction (no gradient), P = mean prob.
+    def aux_loss(self, logits, load, cfg, axis_names, valid=None):
+        # E · Σ_e f_e · P_e, f = assignment fraction (no gradient), P = mean prob over valid tokens.
         probs = jax.nn.softmax(logits, axis=-1)
-        mean_prob = _psum(jnp.sum(probs, axis=0), axis_names) / _psum(jnp.float32(logits.shape[0]), axis_names)
+        weight = jnp.ones((logits.shape[0],), jnp.float32) if valid is None else valid.astype(jnp.float32)
+        mean_prob = _psum(jnp.sum(probs * weight[:, None], axis=0), axis_names) / jnp.maximum(_psum(jnp.sum(weight), axis_names), 1.0)
         return cfg.router.aux_loss_weight * logits.shape[-1] * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
 
 
@@ -173,19 +186,20 @@ class BiasUpdate(Router):
 
 
 @jax.named_scope("routing")   # a part of its own in profiles (benchmarks/gpu_profile.py)
-def route(logits, bias, cfg, *, axis_names: Axes = ()):
+def route(logits, bias, cfg, *, axis_names: Axes = (), valid=None):
     """Choose experts: (expert_idx int32 [T,k], weights f32 [T,k], stats).
 
     logits [T,E] fp32 (x·W_router), bias [E] from `router_bias`. stats = {beta [E] (QB's
-    quantile estimate, zeros otherwise), load [E], aux_loss []}.
+    quantile estimate, zeros otherwise), load [E], aux_loss []}, over the tokens with `valid`
+    [T] (None: all; padding is no token for routing, spec §9): so are the router state's updates.
     """
     rule, k = ROUTERS.get(cfg.router.kind), cfg.router.top_k
     logits = logits.astype(jnp.float32)
     biased = logits + jax.lax.stop_gradient(bias.astype(jnp.float32))
-    expert_idx, beta = rule.select(logits, biased, k, cfg, axis_names)
+    expert_idx, beta = rule.select(logits, biased, k, cfg, axis_names, valid=valid)
     weights = combine_weights(jnp.take_along_axis(logits, expert_idx, axis=1), cfg)
-    load = expert_load(expert_idx, logits.shape[-1], axis_names)
-    aux_loss = rule.aux_loss(logits, load, cfg, axis_names)
+    load = expert_load(expert_idx, logits.shape[-1], axis_names, valid)
+    aux_loss = rule.aux_loss(logits, load, cfg, axis_names, valid=valid)
     return expert_idx.astype(jnp.int32), weights, {"beta": beta, "load": load, "aux_loss": aux_loss}
 
 

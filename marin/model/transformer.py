@@ -106,7 +106,8 @@ class Block(nn.Module):
         x = x + CausalConv(taps, name="attn_out_conv")(h, segment_ids).astype(residual)
 
         h = norm_site(self.cfg, "moe")(x)
-        h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh)
+        # Padding (segment 0, marin/data/loader.py) is no token for routing (spec §9).
+        h, stats = MoE(self.cfg, name="moe")(h, router_bias, train=self.train, mesh=self.mesh, valid=segment_ids != 0)
         x = x + CausalConv(taps, name="moe_out_conv")(h, segment_ids).astype(residual)
         return x, stats
 

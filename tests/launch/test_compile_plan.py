@@ -149,7 +149,8 @@ def test_hero_compiles_for_one_rack_with_its_state_on_host(hero_compiled):
     189,471 MiB a B200 reports).
     On the host: the optimizer state (MuonH momentum of 522B expert weights / 64 devices, fp32,
     ≈ 30 GiB), the experts' fp32 masters (≈ 30 GiB) and the bf16 carries (36 GiB). Measured: train
-    peak 143.5 GiB (180.3 before a bf16 carry was staged as its bits, transformer.name_carry), eval 31.3.
+    peak 142.0 GiB (143.5 before issue 40's pooled rule, 180.3 before a bf16 carry was staged as its bits,
+    transformer.name_carry), eval 32.8.
     `hero_compiled` (tests/conftest.py): `launch.py experiment=mochi_535b_a23b dry_run=compile`, run
     once per test run for this test and test_memory_plan's."""
     assert hero_compiled["returncode"] == 0, hero_compiled["stderr"][-3000:]

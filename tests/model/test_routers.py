@@ -185,7 +185,7 @@ def test_a_new_router_is_its_yaml_and_its_registered_class(tmp_path):
 
     @routers.router("lowest")
     class Lowest(routers.Router):  # the k experts with the smallest logits: nothing a real router does
-        def select(self, logits, biased, k, cfg, axis_names):
+        def select(self, logits, biased, k, cfg, axis_names, valid=None):
             return super().select(logits, -logits, k, cfg, axis_names)
 
     try:

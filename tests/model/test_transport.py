@@ -43,8 +43,9 @@ def _subprocess(devices: int, *args: str) -> dict:
 
 
 def test_pooled_on_one_device_equals_the_reference_and_counts_its_drops():
-    """peers = 1, 6 experts in 3 stripes: with ample capacity the dropless result (values and
-    gradients of x and the weights); with a small receive buffer exactly the overflow drops."""
+    """peers = 1, 6 experts, 3 waves: with ample capacity the dropless result (values and
+    gradients of x and the weights); with small buffers exactly the drops counted by hand, the
+    sender's being the shard's later tokens (both choices), not its second choices."""
     tokens, experts, k, waves = 96, 6, 2, 3
     kx, kw, kp = jax.random.split(jax.random.key(1), 3)
     x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
@@ -56,22 +57,28 @@ def test_pooled_on_one_device_equals_the_reference_and_counts_its_drops():
 
     def loss(x, w, send, recv):
         y, drops = dispatch.pooled_dispatch(x, idx, wts, w, experts, 1, send, recv, waves)
-        return jnp.sum(y * probe), drops
+        return jnp.sum(y * probe), (drops, y)
 
-    (value, drops), grads = jax.jit(jax.value_and_grad(partial(loss, send=send, recv=recv), argnums=(0, 1),
-                                                        has_aux=True))(x, w)
+    (value, (drops, _)), grads = jax.jit(jax.value_and_grad(partial(loss, send=send, recv=recv), argnums=(0, 1),
+                                                             has_aux=True))(x, w)
     ref, ref_grads = jax.value_and_grad(lambda x, w: jnp.sum(dispatch.dense_dispatch(x, idx, wts, w) * probe),
                                         argnums=(0, 1))(x, w)
     assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 0}
     np.testing.assert_allclose(value, ref, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    # R = 24 rows per expert and wave (32 arrive): 8 refused per expert; S = 64 ≥ 64 sent per wave.
-    _, drops = jax.jit(partial(loss, send=64, recv=24))(x, w)
-    assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 6 * 8}
-    # S = 48 per wave (64 assignments per stripe): 16 dropped at the sender in each of 3 waves.
-    _, drops = jax.jit(partial(loss, send=48, recv=64))(x, w)
-    assert {s: int(v) for s, v in drops.items()} == {"send": 3 * 16, "recv": 0}
+    # Token-major rank r = 2t + j, wave r % 3. Expert e's first choices are t = e + 6m (r = 2e + 12m)
+    # and its second choices t = e − 1 + 6m (r = 2e − 1 + 12m): 16 each, each group in one wave (12m
+    # is 0 mod 3), the two in different waves. R = 12 rows per (expert, wave): 4 refused in each of
+    # the 12 filled buckets. S = 64 rows per wave: 3 · 64 = 192 = all assignments sent.
+    _, (drops, _) = jax.jit(partial(loss, send=64, recv=12))(x, w)
+    assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 12 * 4}
+    # S = 48 per wave: ranks r < 3 · 48 = 144 are sent, i.e. tokens 0..71 (both choices); tokens
+    # 72..95 lose both (48 assignments), whatever their choice rank, and get no expert output.
+    _, (drops, y) = jax.jit(partial(loss, send=48, recv=64))(x, w)
+    assert {s: int(v) for s, v in drops.items()} == {"send": 48, "recv": 0}
+    lost = np.nonzero(np.asarray(jnp.all(y == 0, axis=-1)))[0]
+    assert lost.tolist() == list(range(72, 96)), lost
 
 
 def _one_pass_against_waves(send_factor, recv_factor) -> dict:
@@ -81,7 +88,7 @@ def _one_pass_against_waves(send_factor, recv_factor) -> dict:
     tokens, experts, k, waves = 96, 6, 2, 3
     kx, kw, kp, ki = jax.random.split(jax.random.key(5), 4)
     x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
-    skew = jnp.array([3.0, 2.0, 0.0, 0.0, 1.0, 0.0])                    # stripe 0 is popular
+    skew = jnp.array([3.0, 2.0, 0.0, 0.0, 1.0, 0.0])                    # experts 0, 1 popular
     idx = jax.lax.top_k(jax.random.gumbel(ki, (tokens, experts)) + skew, k)[1]
     wts = jax.nn.softmax(jax.random.normal(kp, (tokens, k)))
     probe = jax.random.normal(kp, x.shape)
@@ -119,7 +126,7 @@ def test_plan_says_pooled_runs_in_one_pass_on_one_device():
     one = format_plan(plan(make_config("experiment=ladder_d768", "hardware=h200_node", "hardware.gpus_per_node=1",
                                        "hardware.tasks_per_node=1", "hardware.mesh.expert=1", "dry_run=true")))
     many = format_plan(plan(make_config("experiment=ladder_d768", "dry_run=true")))
-    assert "3 stripes in one pass (one device: the waves only add bookkeeping; the same drops)" in one
+    assert "3 waves in one pass (one device: the waves only add bookkeeping; the same drops)" in one
     assert "3 waves" in many and "one pass" not in many
 
 
@@ -129,9 +136,9 @@ TRANSPORT_NAMES = ("fixed", "pooled", "ragged")
 
 
 def compare_transports() -> dict:
-    """data=2 × expert=4, E=24 (6 local experts, 3 stripes), k=4, 64 tokens per device, capacity
+    """data=2 × expert=4, E=24 (6 local experts, 3 waves), k=4, 64 tokens per device, capacity
     factors so large that nothing can drop; device 0 routes all its tokens to experts 0 and 1
-    first (both on peer 0, stripe 0): every transport must give the dropless result."""
+    first (both on peer 0): every transport must give the dropless result."""
     from marin.model import expert_parallel
     from marin.model.expert_parallel import routed_experts_ep
     from marin.model.mesh import make_mesh
@@ -186,26 +193,26 @@ def test_every_transport_with_ample_capacity_equals_the_dropless_reference():
 def count_pooled_drops() -> dict:
     """The published pooled transport on data=2 × expert=4 with a routing one can count by hand.
 
-    E=24 over 4 peers: 6 local experts in 3 stripes of 2. T=96 tokens per device, k=2, factors
-    1.0: the sender's chunk per (wave, peer) is S = 192/12 = 16 rows, the receive buffer R =
-    192/6 = 32 rows per expert and wave. Every token's first choice is expert 0 (peer 0, stripe
-    0); its second is expert 6 + t mod 18 (peers 1–3, every stripe; at most 2 × 6 = 12 rows per
-    chunk, at most 4 × 6 = 24 per expert: never dropped). Second choices weigh 0, so a token's
-    output is zero exactly when its first choice was dropped."""
+    E=24 over 4 peers: 6 local experts, 3 waves. T=96 tokens per device, k=1, every token to
+    expert 0 (peer 0); send factor 1.0, receive factor 1.5: the pool for a destination holds
+    S = 96/(4·3) = 8 rows per wave, the receiver R = 1.5·96/(6·3) = 8 rows per (expert, wave).
+    Token t has rank t in peer 0's queue: wave t % 3, pool row t // 3, so tokens 0..23 are
+    sent and 24..95 dropped at the sender. Expert 0 gets 4 senders × 8 rows per wave for 8 slots,
+    allocated round-robin over pool rows: every sender's rows 0 and 1 (tokens 0..5) are kept,
+    rows 2..7 (tokens 6..23) refused."""
     from jax.sharding import PartitionSpec as P
 
     from marin.model.expert_parallel import _transport
     from marin.model.mesh import BATCH_AXES, make_mesh
 
-    experts, k, per_device, devices = 24, 2, 96, 8
+    experts, k, per_device, devices = 24, 1, 96, 8
     cfg = make_config("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.ep_transport=pooled",
-                      "model.ep_send_capacity_factor=1.0", "model.ep_recv_capacity_factor=1.0", "model.ep_waves=3",
+                      "model.ep_send_capacity_factor=1.0", "model.ep_recv_capacity_factor=1.5", "model.ep_waves=3",
                       "hardware.host_devices=8", "hardware.mesh.expert=4", "dry_run=true")
     mesh = make_mesh(cfg)
     axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-    t = jnp.arange(per_device)
-    idx = jnp.tile(jnp.stack([jnp.zeros_like(t), 6 + t % 18], -1), (devices, 1)).astype(jnp.int32)
-    wts = jnp.tile(jnp.array([[1.0, 0.0]]), (devices * per_device, 1))
+    idx = jnp.zeros((devices * per_device, k), jnp.int32)
+    wts = jnp.ones((devices * per_device, k))
     kx, kw = jax.random.split(jax.random.key(5))
     x, w = jax.random.normal(kx, (devices * per_device, L)), _weights(kw, experts)
 
@@ -219,33 +226,104 @@ def count_pooled_drops() -> dict:
     y, drops = jax.jit(fn)(x, idx, wts, w.gate, w.up, w.down)
     zero = np.asarray(jnp.all(y == 0, axis=-1)).reshape(devices, per_device)
     return {"drops": {s: int(v) for s, v in drops.items()}, "assignments": devices * per_device * k,
-            "recv_dropped_per_sender": zero[:, :16].sum(axis=1).tolist(),
-            "send_dropped_per_sender": zero[:, 16:].sum(axis=1).tolist(),
-            "dropped_tokens_of_sender_0": np.nonzero(zero[0, :16])[0].tolist()}
+            "recv_dropped_per_sender": zero[:, :24].sum(axis=1).tolist(),
+            "send_dropped_per_sender": zero[:, 24:].sum(axis=1).tolist(),
+            "dropped_tokens_of_sender_0": np.nonzero(zero[0])[0].tolist()}
 
 
 @pytest.mark.slow
 def test_pooled_drops_per_stage_as_counted_by_hand_and_round_robin_over_senders():
     r = _subprocess(8, "counts")
-    # Send: each device has 96 assignments for (peer 0, stripe 0) and a 16-row chunk: 80 dropped, × 8.
-    # Receive: expert 0 gets 4 senders × 16 = 64 rows for 32 slots: 32 refused, in each of 2 data groups.
-    assert r["drops"] == {"send": 8 * 80, "recv": 2 * 32}, r
-    assert r["send_dropped_per_sender"] == [80] * 8, r
-    # Round-robin: every sender's j-th row before any (j+1)-th: each keeps 8 and loses 8 ...
-    per_sender = r["recv_dropped_per_sender"]
-    assert max(per_sender) - min(per_sender) <= 2 and min(per_sender) > 0, r
-    assert per_sender == [8] * 8, r
-    assert r["dropped_tokens_of_sender_0"] == list(range(8, 16)), r     # ... its later rows
+    # Send: tokens 24..95 of every device: 72 × 8. Receive: 3 waves × (32 − 8) refused, × 2 data groups.
+    assert r["drops"] == {"send": 8 * 72, "recv": 2 * 3 * 24}, r
+    assert r["send_dropped_per_sender"] == [72] * 8, r
+    # Round-robin over pool rows: every sender keeps rows 0, 1 of each wave and loses rows 2..7 ...
+    assert r["recv_dropped_per_sender"] == [18] * 8, r
+    assert r["dropped_tokens_of_sender_0"] == list(range(6, 96)), r     # ... its later tokens
 
 
-def test_pooled_waves_must_divide_the_local_experts():
-    with pytest.raises(ConfigError) as err:
-        make_config("model=tiny", "model.num_experts=8", "hardware.host_devices=8", "hardware.mesh.expert=4",
-                    "model.ep_transport=pooled", "model.ep_waves=3")
-    assert [p[0] for p in err.value.problems] == ["model.ep_waves"]
-    assert "model.num_experts / hardware.mesh.expert = 2" in err.value.problems[0][1]
+def ragged_chunks() -> dict:
+    """The ragged transport on data=2 × expert=4, E=24 (6 local experts: chunks of 3), T=32, k=2,
+    for model.ep_expert_chunks 1 and 2: the drops with receive factor 1.0 on a routing counted by
+    hand, and the largest difference between the two outputs with factor 8 (nothing clips)."""
+    from jax.sharding import PartitionSpec as P
+
+    from marin.model import expert_parallel
+    from marin.model.expert_parallel import _transport
+    from marin.model.mesh import BATCH_AXES
+
+    experts, k, per_device, devices = 24, 2, 32, 8
+    t = jnp.arange(per_device)
+    second = jnp.where(t < 4, 3, 6 + t % 18)
+    idx = jnp.tile(jnp.stack([jnp.zeros_like(t), second], -1), (devices, 1)).astype(jnp.int32)
+    wts = jnp.full((devices * per_device, k), 0.5)
+    kx, kw = jax.random.split(jax.random.key(7))
+    x, w = jax.random.normal(kx, (devices * per_device, L)), _weights(kw, experts)
+    expert_parallel.RAGGED_ALL_TO_ALL = expert_parallel.emulated_ragged_all_to_all  # XLA:CPU lacks the op
+
+    def run(chunks, factor):
+        cfg = make_config("model=tiny", f"model.num_experts={experts}", f"router.top_k={k}", "model.ep_transport=ragged",
+                          f"model.ep_recv_capacity_factor={factor}", f"model.ep_expert_chunks={chunks}",
+                          "hardware.host_devices=8", "hardware.mesh.expert=4", "dry_run=true")
+        from marin.model.mesh import make_mesh
+        mesh = make_mesh(cfg)
+        axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+        def local(x, idx, wts, gate, up, down):
+            y, drops = _transport(cfg, ExpertWeights(gate, up, down), experts, 4, x.shape[0], axes)(x, idx, wts)
+            return y, jax.lax.psum(drops, axes)
+
+        tok, ex = P(axes, None), P("expert", None, None)
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, ex, ex, ex), out_specs=(tok, P()))
+        y, drops = jax.jit(fn)(x, idx, wts, w.gate, w.up, w.down)
+        return y, {s: int(v) for s, v in drops.items()}
+
+    (y1, d1), (y2, d2) = run(1, 8.0), run(2, 8.0)
+    return {"ample": [d1, d2], "ample_diff": float(jnp.max(jnp.abs(y1 - y2))),
+            "clipped": {c: run(c, 1.0)[1] for c in (1, 2)}}
+
+
+@pytest.mark.slow
+def test_ragged_chunks_clip_per_chunk_and_equal_one_chunk_when_nothing_clips():
+    r = _subprocess(8, "chunks")
+    assert r["ample"] == [{"send": 0, "recv": 0}] * 2 and r["ample_diff"] < 1e-5, r
+    # Every device sends peer 0 its 32 first choices (expert 0, chunk 0) and 4 second choices
+    # (expert 3, chunk 1); 4 senders per expert group, 2 groups. Factor 1.0: ⌈1.0 · 64⌉ = 64 rows.
+    # One chunk: 144 rows arrive for 64, 80 cut. Two chunks of 32 rows: chunk 0 gets 128 (96 cut),
+    # chunk 1 gets 16 (none cut).
+    assert r["clipped"] == {"1": {"send": 0, "recv": 2 * 80}, "2": {"send": 0, "recv": 2 * 96}}, r
+
+
+def test_pooled_waves_need_not_divide_the_local_experts(capsys):
+    """Every wave carries every local expert (spec §9), so 256 experts on the hero (4 local, 3
+    waves) plan; before, validation refused them (one stripe per wave)."""
     make_config("model=tiny", "model.num_experts=8", "hardware.host_devices=8", "hardware.mesh.expert=4",
-                "model.ep_transport=pooled", "model.ep_waves=2")
+                "model.ep_transport=pooled", "model.ep_waves=3")
+    assert launch_here("experiment=mochi_535b_a23b", "model.num_experts=256", "dry_run=true") == 0
+    assert "pooled" in capsys.readouterr().out
+
+
+def test_pooled_with_waves_that_do_not_divide_the_experts_equals_the_reference():
+    """4 experts in 3 waves, one device: ample capacity gives the dropless result; small buffers
+    give the same drops in one pass as wave by wave."""
+    tokens, experts, k, waves = 64, 4, 2, 3
+    kx, kw, ki = jax.random.split(jax.random.key(2), 3)
+    x, w = jax.random.normal(kx, (tokens, L)), _weights(kw, experts)
+    idx = jax.lax.top_k(jax.random.gumbel(ki, (tokens, experts)), k)[1]
+    wts = jnp.full((tokens, k), 0.5)
+    ref = dispatch.dense_dispatch(x, idx, wts, w)
+    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, waves, 4.0, 4.0)
+    for one_pass in (True, False):
+        y, drops = (dispatch.pooled_one_device(x, idx, wts, w, send, recv, waves) if one_pass else
+                    dispatch.pooled_dispatch(x, idx, wts, w, experts, 1, send, recv, waves))
+        assert {s: int(v) for s, v in drops.items()} == {"send": 0, "recv": 0}
+        np.testing.assert_allclose(y, ref, atol=1e-5)
+    send, recv = dispatch.pooled_capacities(tokens, k, experts, 1, waves, 0.8, 0.7)
+    a = dispatch.pooled_one_device(x, idx, wts, w, send, recv, waves)
+    b = dispatch.pooled_dispatch(x, idx, wts, w, experts, 1, send, recv, waves)
+    assert {s: int(v) for s, v in a[1].items()} == {s: int(v) for s, v in b[1].items()}
+    assert int(a[1]["send"]) > 0 and int(a[1]["recv"]) > 0, a[1]
+    np.testing.assert_allclose(a[0], b[0], atol=1e-5)
 
 
 def test_hero_and_ladder_run_the_published_transport():
@@ -372,7 +450,7 @@ def test_transport_switch_at_resume_is_tagged_with_its_step(tmp_path):
     from marin.track import record
 
     where = [f"run.out_dir={tmp_path}", f"tracking.uri={new_store(tmp_path)}", "model=tiny",
-             "model.ep_waves=2"]   # tiny: 4 experts, 2 stripes
+             "model.ep_waves=2"]   # tiny: 4 experts, 2 waves
     before = make_config(*where, "model.ep_transport=pooled")
     after = make_config(*where, "model.ep_transport=ragged", "hardware.platform=gpu")
     rec = record.create(before, before, [])
@@ -418,4 +496,5 @@ def test_ragged_is_refused_on_cpu_unless_only_planned(tmp_path, monkeypatch, cap
 
 
 if __name__ == "__main__":
-    print(json.dumps({"ep": compare_transports, "counts": count_pooled_drops, "hero": lower_hero_ragged}[sys.argv[1]]()))
+    print(json.dumps({"ep": compare_transports, "counts": count_pooled_drops, "hero": lower_hero_ragged,
+                      "chunks": ragged_chunks}[sys.argv[1]]()))
