@@ -130,7 +130,7 @@ def test_diff_lists_differing_leaves(source, store, capsys):
     client.set_terminated(other.run_id, "FINISHED")
     # id prefixes; the source's directory has copies here (same id): the store says which is the run
     assert diff.main([source.run_id[:10], other.run_id[:10], "--out-dir", str(store["out"]),
-                      "--tracking-uri", store["uri"]]) == 1
+                      "--tracking-uri", store["uri"], "--mlflow"]) == 1  # logged to the store alone
     out = capsys.readouterr().out
     results = {line.split()[0]: line.split()[1:] for line in out[out.index("\nresult"):].splitlines()[2:]}
     assert results["state"] == ["RUNNING", "FINISHED"] and results["step"] == ["-", "4"]
