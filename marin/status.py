@@ -164,13 +164,19 @@ def print_jobs(jobs: list[Job], out, head: str = "job") -> None:
               f"{j.run_id}", file=out)
 
 
+def ended_of(ended: int, expected, made: int) -> str:
+    """`N/M jobs ended`, as the sweep's header and its line in the list both say it: M the jobs
+    the sweep expects (or the runs made, when more or when it does not say)."""
+    return f"{ended}/{max(int(expected or 0), made)} jobs ended"
+
+
 def print_table(parent, jobs: list[Job], closed: str | None, out=None) -> None:
     out = out or sys.stdout
     tags = parent.data.tags
     expected = tags.get("expected_jobs")
+    ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
     print(f"sweep {tags.get('sweep')} ({tags.get('sweep_id')}): parent run {parent.info.run_id} "
-          f"{parent.info.status}, "
-          f"{len(jobs)}{'/' + expected if expected else ''} jobs", file=out)
+          f"{parent.info.status}, {ended_of(ended, expected, len(jobs))}", file=out)
     print_jobs(jobs, out)
     if expected and int(expected) > len(jobs):
         print(f"{int(expected) - len(jobs)} job(s) pending: not started, no run made yet", file=out)
@@ -282,7 +288,7 @@ def _sweep_line_from_files(folder: Path) -> str:
     info = refs.read_json(folder / "sweep.json")
     jobs = [(job, runfiles.read(job["run_dir"])) for job in _sweep_jobs(folder)]
     ended = sum(run.state in (*sweep.TERMINAL, "STOPPED") for _, run in jobs)
-    expected = max(int(info.get("expected_jobs") or 0), len(jobs))
+    expected = max(int(info.get("expected_jobs") or 0), len(jobs))  # as ended_of counts
     states = {run.state for _, run in jobs}
     state = ("RUNNING" if not jobs or ended < expected else "FINISHED" if states <= {"FINISHED", "STOPPED"}
              else "FAILED" if "FAILED" in states else "KILLED")
@@ -291,7 +297,7 @@ def _sweep_line_from_files(folder: Path) -> str:
     if losses:
         value, job = min(losses, key=lambda pair: pair[0])
         best = f"  best loss {value:.4f} ({sweep.child_name(job.get('overrides') or []) or Path(job['run_dir']).name})"
-    return f"{state:<9}  {ended}/{expected} jobs ended{best}"
+    return f"{state:<9}  {ended_of(ended, expected, len(jobs))}{best}"
 
 
 def _sweep_line(folder: Path, args, clients: dict) -> str:
@@ -304,13 +310,13 @@ def _sweep_line(folder: Path, args, clients: dict) -> str:
     except Exception as err:
         return f"? ({first_line(err)})"
     ended = sum(k.info.status in sweep.TERMINAL for k in kids)
-    expected = parent.data.tags.get("expected_jobs") or len(kids)
+    expected = parent.data.tags.get("expected_jobs")
     losses = [(k.data.metrics[LOSS], k) for k in kids if LOSS in k.data.metrics]
     best = ""
     if losses:
         value, kid = min(losses, key=lambda pair: pair[0])
         best = f"  best loss {value:.4f} ({sweep.child_name(json.loads(kid.data.tags.get('sweep_overrides', '[]'))) or kid.info.run_name})"
-    return f"{parent.info.status:<9}  {ended}/{expected} jobs ended{best}"
+    return f"{parent.info.status:<9}  {ended_of(ended, expected, len(kids))}{best}"
 
 
 def render(args) -> str:

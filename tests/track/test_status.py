@@ -126,6 +126,11 @@ def test_no_argument_lists_recent_sweeps_and_runs_and_watch_refreshes(store, con
         sweep_dir = client.get_run(job.run_id).data.tags["sweep_dir"]
         assert _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[1:4] == ["RUNNING", "0/4", "jobs"], store_too
         assert job.run_dir.name not in out  # a sweep's jobs are under `marin.status <sweep>`
+    # the sweep's own header counts as its line in the list does (it said "1/4 jobs": runs made)
+    listed = _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[2:5]
+    assert status.main([sweep_dir]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith(", " + " ".join(listed)) and listed == ["0/4", "jobs", "ended"], (header, listed)
 
 
 def test_listing_and_a_runs_row_start_no_mlflow_or_jax(store, configure, tmp_path):
