@@ -222,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices))
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
-        argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
-                "(the same overrides as launch.py) into the cache training reads'"]
+        argv = [*argv, "hydra.help.header='usage: python -m marin.data.prepare [group=option ...] [key=value ...]"
+                "    tokenize the mixture of a config (the same overrides as launch.py) into the cache training "
+                "reads'"]
     saved = sys.argv
     sys.argv = ["python -m marin.data.prepare", *argv]  # Hydra reads its arguments from here
     try:
