@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     print_chain(links)
     if args.metric:
-        every = f", every {args.every}th shown" if args.every > 1 else ""
+        every = f", shown every {args.every} steps and the last" if args.every > 1 else ""
         print(f"{args.metric}, stitched: {len(stitch(links, args.metric))} steps{every}")
         for step, value, run_id in points:
             print(f"  {step:>8}  {value!r:<22}  {run_id}")

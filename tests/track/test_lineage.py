@@ -77,8 +77,8 @@ def test_every_nth_step_and_csv(tmp_path, capsys):
                                                                "timestamp": 0}) + "\n" for s in range(1, 26)))
     lineage.main([str(run_dir), "--metric", "train/loss", "--every", "10"])
     out = capsys.readouterr().out
-    assert "train/loss, stitched: 25 steps, every 10th shown" in out
-    curve = out[out.index("every 10th shown"):].splitlines()[1:]
+    assert "train/loss, stitched: 25 steps, shown every 10 steps and the last" in out
+    curve = out[out.index("every 10 steps and the last"):].splitlines()[1:]
     assert [line.split()[0] for line in curve] == ["10", "20", "25"]
     lineage.main([str(run_dir), "--metric", "train/loss", "--every", "5", "--csv"])
     lines = capsys.readouterr().out.splitlines()
