@@ -277,8 +277,9 @@ def _sweep_jobs(folder: Path) -> list[dict]:
     for line in lines:
         try:
             job = json.loads(line)
-            jobs[job["run_id"]] = job
-        except (ValueError, KeyError, TypeError):
+            if job.get("run_dir"):
+                jobs[job["run_id"]] = job
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return list(jobs.values())
 
