@@ -12,7 +12,8 @@ overrides change), so the sweep machinery needs nothing new and each arm reprodu
 Then, from the arms' metrics.jsonl: loss, eval loss, dropped fraction, tokens/s, MFU and peak
 memory side by side with their differences, whether the control's losses equal the parent's own
 at the same steps bit for bit (else the step where they diverge; past the parent's end, a line
-saying there is nothing to compare), and one verdict line, the last thing printed. Exit 0
+or past a parent that stopped early,
+a line saying there is nothing to compare), and one verdict line, the last thing printed. Exit 0
 when the comparison holds, 1 when the control diverges from the parent or an arm failed, 2 for
 bad input (before anything is written).
 """
@@ -88,11 +89,17 @@ def write_arms(folder: Path, leaves: dict) -> None:
 
 
 def divergence(parent: dict[int, float], control: dict[int, float], first: int, last: int) -> tuple[str, bool]:
-    """(a line on the control against the parent at the same steps, whether they are equal)."""
+    """(a line on the control against the parent at the same steps, whether the arms compare: False
+    only when the control's loss differs from the parent's at a step both logged). A parent that
+    stopped before the window (train.stop_after, Ctrl-C, a preempted job) has nothing to compare
+    the control with: said so, and the verdict is still given on the arms."""
     steps = [s for s in range(first, last + 1) if s in control]
     shared = [s for s in steps if s in parent]
     if not shared:
-        return f"control vs parent: the parent logged no loss at steps {first}…{last}: nothing to check", False
+        before = [s for s in parent if s < first]
+        stopped = f" (it stopped at step {max(before)})" if before else ""
+        return (f"control vs parent: the parent logged no loss at steps {first}…{last}{stopped}: nothing to "
+                f"compare the control with"), True
     for s in shared:
         if parent[s] != control[s]:
             return (f"control vs parent: DIVERGE at step {s} (parent {parent[s]!r}, control {control[s]!r}); "

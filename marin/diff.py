@@ -5,8 +5,9 @@ A run is named as every tool names it (`marin.track.refs`: its directory, its na
 outputs/runs/, its MLflow run id, a unique prefix of either, `<sweep>/<job>`). The resolved
 configs are compared (what was trained); a leaf whose composed value was ``auto`` is marked
 ``(derived)``. Under them, each run's results: its state, last step, and latest train loss, eval
-loss and tokens/s (from its MLflow run; from its directory when the store does not answer).
-Exit status: 0 same config, 1 different, 2 a run could not be opened.
+loss and tokens/s, read from its directory (record.json, metrics.jsonl: marin.track.runfiles),
+without starting MLflow; `--mlflow` asks the store (its directory when the store does not answer).
+Exit status: 0 the configs are the same, 1 they differ, 2 a run could not be opened (bad input).
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import sys
 from omegaconf import OmegaConf
 
 from marin.cli import Parser, fail
-from marin.track import backend, record
+from marin.track import backend, record, runfiles
 from marin.track.errors import first_line
 from marin.track.record import flatten
-from marin.track.tracker import read_metrics
 
 BOOKKEEPING = ("run.", "tracking.", "reproduce", "resume", "dry_run", "wait")
 
@@ -49,9 +49,11 @@ RESULTS = (("train/loss", "{:.4f}"), ("eval/macro_loss", "{:.4f}"), ("train/toke
 LOSS = RESULTS[0][0]
 
 
-def results(rec: record.RunRecord) -> dict:
-    """{"state", "step", metric: latest value} of a run: from its MLflow run, else from its
-    directory (record.json's status, metrics.jsonl). Reads only."""
+def results(rec: record.RunRecord, from_store: bool = False) -> dict:
+    """{"state", "step", metric: latest value} of a run: from its directory (record.json's status,
+    metrics.jsonl); `from_store`: from its MLflow run, else its directory. Reads only."""
+    if not from_store:
+        return _results_from_files(rec)
     try:
         backend.check_reachable(rec.tracking_uri)
         client = backend.client(rec.tracking_uri)
@@ -64,13 +66,8 @@ def results(rec: record.RunRecord) -> dict:
 
 
 def _results_from_files(rec: record.RunRecord) -> dict:
-    out = {"state": rec.info().get("status") or "?", "step": None, **{key: None for key, _ in RESULTS}}
-    latest: dict = {}
-    for row in read_metrics(rec.run_dir):
-        if row.get("key") in out and row["step"] >= latest.get(row["key"], -1):
-            latest[row["key"]], out[row["key"]] = row["step"], row["value"]
-    out["step"] = latest.get(LOSS)
-    return out
+    run = runfiles.read(rec.run_dir)
+    return {"state": run.state, "step": run.step, **{key: run.value(key) for key, _ in RESULTS}}
 
 
 def print_results(a: dict, b: dict, out=None) -> None:
@@ -94,7 +91,8 @@ def _short(value, width: int = 40) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.diff", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.diff", description=__doc__.split("\n")[0],
+                    epilog="exit status: 0 the configs are the same, 1 they differ, 2 a run could not be opened")
     parser.add_argument("run_a")
     parser.add_argument("run_b")
     parser.add_argument("--composed", action="store_true", help="compare the configs as composed (with auto)")
@@ -102,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
                         "or the project's sqlite store)")
     parser.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
+    parser.add_argument("--mlflow", action="store_true", help="each run's results from its MLflow run "
+                        "(default: from its directory, without starting MLflow)")
     args = parser.parse_args(argv)
     try:
         a = record.open(args.run_a, tracking_uri=args.tracking_uri, out_dir=args.out_dir)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'leaf':<{width}}  {'A':<40}  {'B':<40}")
         for key, va, vb, derived in rows:
             print(f"{key:<{width}}  {_short(va):<40}  {_short(vb):<40}{'  (derived)' if derived else ''}")
-    print_results(results(a), results(b))
+    print_results(results(a, args.mlflow), results(b, args.mlflow))
     return 1 if rows else 0
 
 

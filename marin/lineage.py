@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
                    "lineage (conf/lineage/<name>.yaml)")
     p.add_argument("--published", action="store_true", help="read `run` as a published lineage's name")
     p.add_argument("--metric", help="also print this metric stitched across the lineage (e.g. train/loss)")
+    p.add_argument("--every", type=int, default=1, metavar="N",
+                   help="with --metric: every Nth step (and the last), for a long run (default 1: every step)")
+    p.add_argument("--csv", action="store_true", help="with --metric: only the stitched curve, as CSV "
+                   "(step,value,run_id) on stdout, for a spreadsheet or a plot")
     p.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
                    "or the project's)")
     p.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
@@ -157,16 +161,34 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"lineage: no published lineage {args.run!r} (conf/lineage/: {names})")
         print_published(data)
         return
+    if args.every < 1:
+        fail(f"--every: must be a whole number ≥ 1; got {args.every}")
+    if args.csv and not args.metric:
+        fail("--csv: give the metric to write (--metric train/loss)")
     try:
         links = chain(args.run, args.tracking_uri, args.out_dir)
     except record.RecordError as err:
         fail(f"lineage: {err}")
+    points = thinned(stitch(links, args.metric), args.every) if args.metric else []
+    if args.csv:
+        print("step,value,run_id")
+        for step, value, run_id in points:
+            print(f"{step},{value!r},{run_id}")
+        return
     print_chain(links)
     if args.metric:
-        points = stitch(links, args.metric)
-        print(f"{args.metric}, stitched: {len(points)} steps")
+        every = f", shown every {args.every} steps and the last" if args.every > 1 else ""
+        print(f"{args.metric}, stitched: {len(stitch(links, args.metric))} steps{every}")
         for step, value, run_id in points:
             print(f"  {step:>8}  {value!r:<22}  {run_id}")
+
+
+def thinned(points: list, every: int) -> list:
+    """Every `every`th point by step (steps divisible by it) and the last one."""
+    if every <= 1:
+        return points
+    kept = [pt for pt in points if pt[0] % every == 0]
+    return kept + [points[-1]] if points and (not kept or kept[-1] is not points[-1]) else kept
 
 
 if __name__ == "__main__":

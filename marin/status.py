@@ -8,6 +8,11 @@ of M and its latest train and eval loss; a run (directory, name, id or unique pr
 `<sweep>/<job>`) prints its own row. `--watch [SECONDS]` prints the table again every SECONDS
 until Ctrl-C (`--count N`: N times).
 
+The list with no argument and a run's row are read from the run directories (record.json,
+metrics.jsonl: marin.track.runfiles), without MLflow; `--mlflow` asks the store instead (its
+status of a killed run, which the directory cannot know; Slurm's view reconciled into it). A sweep
+is always the store's view: reconciling Slurm's states writes to it.
+
 A job Slurm has not started yet (squeue) shows PENDING; jobs a sweep expects that have no run
 yet are counted under the table. Reconciles Slurm's view: a job that Slurm ended badly (CANCELLED,
 OUT_OF_MEMORY, TIMEOUT, FAILED, …) while its MLflow run still says RUNNING never got to finish
@@ -25,7 +30,7 @@ from pathlib import Path
 
 from marin import lineage
 from marin.cli import Parser, fail
-from marin.track import backend, record, refs, runstate, sweep
+from marin.track import backend, record, refs, runfiles, runstate, sweep
 from marin.track.errors import first_line
 
 SLURM_FAILED = ("CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "FAILED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
@@ -112,6 +117,23 @@ def job_row(client, run, label: str, states: dict[str, str]) -> Job:
                run.data.metrics.get(EVAL_LOSS), int(run.data.tags.get("restarts") or 0))
 
 
+def file_row(run: runfiles.RunFiles, label: str, states: dict[str, str]) -> Job:
+    """One run's row from its directory: as `job_row`, but shown only (nothing is written)."""
+    slurm_job = run.slurm_jobs[-1] if run.slurm_jobs else None
+    slurm_state = states.get(slurm_job) if slurm_job else None
+    state = run.state
+    if state not in sweep.TERMINAL and state != "STOPPED":
+        state = "FAILED" if slurm_state in SLURM_FAILED else "PENDING" if slurm_state == "PENDING" else state
+    return Job(run.run_id, label, state, slurm_job, slurm_state, run.step, run.value(LOSS), run.total,
+               run.value(EVAL_LOSS), int(run.info.get("restarts") or 0))
+
+
+def files_row(run_dir: Path, label: str) -> Job:
+    run = runfiles.read(run_dir)
+    job = run.slurm_jobs[-1] if run.slurm_jobs else None
+    return file_row(run, label, slurm_states([job] if job else []))
+
+
 def reconcile(client, parent) -> tuple[list[Job], str | None]:
     """The jobs of the sweep, after marking FAILED the runs whose Slurm job ended badly; and the
     status the parent was closed with (None if it stays open)."""
@@ -142,13 +164,19 @@ def print_jobs(jobs: list[Job], out, head: str = "job") -> None:
               f"{j.run_id}", file=out)
 
 
+def ended_of(ended: int, expected, made: int) -> str:
+    """`N/M jobs ended`, as the sweep's header and its line in the list both say it: M the jobs
+    the sweep expects (or the runs made, when more or when it does not say)."""
+    return f"{ended}/{max(int(expected or 0), made)} jobs ended"
+
+
 def print_table(parent, jobs: list[Job], closed: str | None, out=None) -> None:
     out = out or sys.stdout
     tags = parent.data.tags
     expected = tags.get("expected_jobs")
+    ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
     print(f"sweep {tags.get('sweep')} ({tags.get('sweep_id')}): parent run {parent.info.run_id} "
-          f"{parent.info.status}, "
-          f"{len(jobs)}{'/' + expected if expected else ''} jobs", file=out)
+          f"{parent.info.status}, {ended_of(ended, expected, len(jobs))}", file=out)
     print_jobs(jobs, out)
     if expected and int(expected) > len(jobs):
         print(f"{int(expected) - len(jobs)} job(s) pending: not started, no run made yet", file=out)
@@ -171,11 +199,14 @@ def show_sweep(ref: str, args, out) -> None:
     print_table(client.get_run(parent.info.run_id), jobs, closed, out)
 
 
-def show_run(rec: record.RunRecord, out) -> None:
-    client = _client(rec.tracking_uri, {})
-    run = client.get_run(rec.run_id)
-    job = slurm_job_of(run)
-    row = job_row(client, run, rec.run_dir.name, slurm_states([job] if job else []))
+def show_run(rec: record.RunRecord, out, from_store: bool = False) -> None:
+    if from_store:
+        client = _client(rec.tracking_uri, {})
+        run = client.get_run(rec.run_id)
+        job = slurm_job_of(run)
+        row = job_row(client, run, rec.run_dir.name, slurm_states([job] if job else []))
+    else:
+        row = files_row(rec.run_dir, rec.run_dir.name)
     print(f"run {rec.run_dir}", file=out)
     print_jobs([row], out, head="run")
     show_lineage(rec, out)
@@ -206,12 +237,17 @@ def show_recent(args, out, last: int = RECENT) -> None:
     if not sweeps and not runs:
         print(f"no sweeps or runs under {refs.out_root(args.out_dir)} yet", file=out)
         return
+    from_store = getattr(args, "mlflow", False)
     if sweeps:
         print("sweeps (python -m marin.status <sweep> for its jobs):", file=out)
         width = max(len(d.name) for d in sweeps)
         for folder in sweeps:
-            print(f"  {folder.name:<{width}}  {_sweep_line(folder, args, clients)}", file=out)
-    if runs:
+            line = _sweep_line(folder, args, clients) if from_store else _sweep_line_from_files(folder)
+            print(f"  {folder.name:<{width}}  {line}", file=out)
+    if runs and not from_store:
+        print("runs (python -m marin.status <run> for one; a unique prefix of its name or id will do):", file=out)
+        print_jobs([files_row(run_dir, run_dir.name) for run_dir in runs], out, head="run")
+    elif runs:
         rows, notes = [], []
         for run_dir in runs:
             info = refs.read_json(run_dir / record.INFO)
@@ -230,6 +266,41 @@ def show_recent(args, out, last: int = RECENT) -> None:
             print(f"  ({note})", file=out)
 
 
+def _sweep_jobs(folder: Path) -> list[dict]:
+    """The jobs of a sweep directory's jobs.jsonl, one per run (a requeued job may add a line)."""
+    jobs: dict = {}
+    path = folder / "jobs.jsonl"
+    try:
+        lines = path.read_text().splitlines() if path.is_file() else []
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            job = json.loads(line)
+            if job.get("run_dir"):
+                jobs[job["run_id"]] = job
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return list(jobs.values())
+
+
+def _sweep_line_from_files(folder: Path) -> str:
+    """As `_sweep_line`, from the sweep's directory and its jobs' run directories."""
+    info = refs.read_json(folder / "sweep.json")
+    jobs = [(job, runfiles.read(job["run_dir"])) for job in _sweep_jobs(folder)]
+    ended = sum(run.state in (*sweep.TERMINAL, "STOPPED") for _, run in jobs)
+    expected = max(int(info.get("expected_jobs") or 0), len(jobs))  # as ended_of counts
+    states = {run.state for _, run in jobs}
+    state = ("RUNNING" if not jobs or ended < expected else "FINISHED" if states <= {"FINISHED", "STOPPED"}
+             else "FAILED" if "FAILED" in states else "KILLED")
+    losses = [(run.value(LOSS), job) for job, run in jobs if run.value(LOSS) is not None]
+    best = ""
+    if losses:
+        value, job = min(losses, key=lambda pair: pair[0])
+        best = f"  best loss {value:.4f} ({sweep.child_name(job.get('overrides') or []) or Path(job['run_dir']).name})"
+    return f"{state:<9}  {ended_of(ended, expected, len(jobs))}{best}"
+
+
 def _sweep_line(folder: Path, args, clients: dict) -> str:
     """A sweep's parent state, jobs ended of expected and its best (lowest) latest loss."""
     info = refs.read_json(folder / "sweep.json")
@@ -240,13 +311,13 @@ def _sweep_line(folder: Path, args, clients: dict) -> str:
     except Exception as err:
         return f"? ({first_line(err)})"
     ended = sum(k.info.status in sweep.TERMINAL for k in kids)
-    expected = parent.data.tags.get("expected_jobs") or len(kids)
+    expected = parent.data.tags.get("expected_jobs")
     losses = [(k.data.metrics[LOSS], k) for k in kids if LOSS in k.data.metrics]
     best = ""
     if losses:
         value, kid = min(losses, key=lambda pair: pair[0])
         best = f"  best loss {value:.4f} ({sweep.child_name(json.loads(kid.data.tags.get('sweep_overrides', '[]'))) or kid.info.run_name})"
-    return f"{parent.info.status:<9}  {ended}/{expected} jobs ended{best}"
+    return f"{parent.info.status:<9}  {ended_of(ended, expected, len(kids))}{best}"
 
 
 def render(args) -> str:
@@ -273,7 +344,7 @@ def render(args) -> str:
                 raise record.RecordError(f"{args.target}: no sweep or run of that name, or a unique prefix of one, "
                                          f"under {refs.out_root(args.out_dir)}") from None
         else:
-            show_run(rec, out)
+            show_run(rec, out, getattr(args, "mlflow", False))
     return out.getvalue()
 
 
@@ -287,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=RECENT, help=f"without an argument: how many sweeps and runs (default {RECENT})")
     parser.add_argument("--tracking-uri", help="default: the sweep's or run's, $MLFLOW_TRACKING_URI or the project's")
     parser.add_argument("--out-dir", help="where names are looked up (default: the project's outputs/)")
+    parser.add_argument("--mlflow", action="store_true", help="the list and a run's row from the MLflow store "
+                        "(default: from the run directories, without starting MLflow; a sweep is always the store's)")
     args = parser.parse_args(argv)
     if args.watch is not None and args.watch <= 0:
         fail(f"--watch: the interval must be more than 0 seconds; got {args.watch:g}")

@@ -185,12 +185,7 @@ class MarinLauncher(Launcher):
                 if launch is None:
                     continue
                 made.append(launch)
-                folder = _relative(launch.folder)
-                print(f"sweep {launch.name}: {len(members)} jobs, MLflow parent run {launch.parent_id} "
-                      f"(experiment {launch.experiment}, {secrets.safe_uri(launch.uri)})\n"
-                      f"  directory: {folder}\n"
-                      f"  watch it:  {shell_join(['python', '-m', 'marin.status', str(folder)])}", file=sys.stderr,
-                      flush=True)
+                print(announce(launch, len(members)), file=sys.stderr, flush=True)
         except backend.TrackingUnavailable as err:
             fail(f"{err}\nno job was started")
         return made
@@ -261,9 +256,11 @@ class MarinLauncher(Launcher):
         return returns
 
 
-def _relative(path) -> str:
-    """A path as short as it can be shown: relative to the working directory when inside it."""
-    try:
-        return os.path.relpath(path) if str(path).startswith(os.getcwd() + os.sep) else str(path)
-    except ValueError:
-        return str(path)
+def announce(launch: sweep.Launch, jobs: int) -> str:
+    """The sweep's lines before its first job: its parent run, its directory (absolute: the line
+    is pasted from a log read elsewhere, or after a `cd`) and the command that watches it."""
+    folder = str(launch.folder.resolve())
+    return (f"sweep {launch.name}: {jobs} jobs, MLflow parent run {launch.parent_id} "
+            f"(experiment {launch.experiment}, {secrets.safe_uri(launch.uri)})\n"
+            f"  directory: {folder}\n"
+            f"  watch it:  {shell_join(['python', '-m', 'marin.status', folder])}")

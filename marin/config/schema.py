@@ -403,8 +403,9 @@ class EvalConfig:
 
 @dataclass
 class PlanConfig:
-    """What the dry run and the Slurm submission check before a run starts."""
-    allow_over_memory: bool = setting(False, "submit even when the memory estimate exceeds the device's")
+    """What the dry run and the launch check before a run starts."""
+    allow_over_memory: bool = setting(False, "launch even when the memory estimate exceeds the device's "
+                                      "(Slurm) or this machine's (a CPU run here)")
 
 
 @dataclass

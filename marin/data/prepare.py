@@ -103,6 +103,9 @@ def _batches(docs, limit: int):
         yield batch
 
 
+BAR_DELAY_S = 1.0  # a tokenizing bar appears once a source has taken this long
+
+
 def prepare_source(name: str, kind: str, paths, text_field: str, tokenizer, root: Path,
                    cache: Path, progress: bool = True) -> Shard:
     """The shard of one source: from the cache, or tokenized now (and cached)."""
@@ -117,8 +120,10 @@ def prepare_source(name: str, kind: str, paths, text_field: str, tokenizer, root
     counts, offsets, total = Counts(), [0], 0
     dtype = token_dtype(tokenizer.vocab_size)
     eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    # delay: drawn from BAR_DELAY_S on, so neither an empty `0.00tok` line before the first batch
+    # nor a bar for a source tokenized in a moment
     bar = tqdm(desc=f"tokenizing {name}", unit="tok", unit_scale=True, disable=not progress,
-               file=sys.stderr, mininterval=0.5)
+               file=sys.stderr, mininterval=0.5, delay=BAR_DELAY_S)
     try:
         with open(tmp / "tokens.bin", "wb") as out:
             docs = documents(kind, files, text_field, counts, builtin_locations=paths)
@@ -217,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices))
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
-        argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
-                "(the same overrides as launch.py) into the cache training reads'"]
+        argv = [*argv, "hydra.help.header='usage: python -m marin.data.prepare [group=option ...] [key=value ...]"
+                "    tokenize the mixture of a config (the same overrides as launch.py) into the cache training "
+                "reads'"]
     saved = sys.argv
     sys.argv = ["python -m marin.data.prepare", *argv]  # Hydra reads its arguments from here
     try:

@@ -22,7 +22,7 @@ from marin.launch.checks import load
 from marin.launch.compile_plan import run as compile_run
 from marin.launch.distributed import apply_environment
 from marin.launch.fork import fork
-from marin.launch.memory import over_machine_memory
+from marin.launch.memory import launch_refusal
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, recompose
 from marin.launch.resume import resume
@@ -135,10 +135,10 @@ def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
                 fail(problem)
         submit(composed, resolved, job_overrides)
         return
+    if (problem := launch_refusal(resolved)) is not None:  # a CPU run bigger than this machine, as Slurm's
+        fail(problem)
     from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
-    if (warning := over_machine_memory(resolved)) is not None:  # a CPU run bigger than this machine: say so first
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
     apply_environment(resolved.hardware)  # XLA_FLAGS etc. before JAX starts (local_cpu8's 8 devices)
     run_local(composed, resolved, job_overrides)
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
 from marin.config.store import override, override_key, shell_join
+from marin.launch.memory import launch_refusal
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.plan import print_plan
@@ -175,6 +176,8 @@ def fork(cfg, command_overrides: list[str]) -> record.RunRecord | None:
     if resolved.hardware.launcher == "slurm":
         submit(made.composed, resolved, made.overrides)
         return None
+    if (problem := launch_refusal(resolved)) is not None:  # a CPU run bigger than this machine
+        fail(problem)
     from marin.launch.local import run_local  # JAX: the trainer's imports stay off the dry-run path
 
     return run_local(made.composed, resolved, made.overrides)

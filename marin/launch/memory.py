@@ -107,4 +107,16 @@ def over_machine_memory(cfg: Config, machine_gib: float | None = None) -> str | 
         return None
     return (f"memory: the estimate for this CPU run is {devices * per_device:.1f} GiB ({devices} device(s) × "
             f"{per_device:.1f} GiB), over this machine's {machine:.1f} GiB: it would swap or be killed part-way; "
-            "lower train.micro_batch, train.global_batch or train.seq_len, or choose a smaller model")
+            "lower train.micro_batch, train.global_batch or train.seq_len, choose a smaller model, or set "
+            "plan.allow_over_memory=true")
+
+
+def launch_refusal(cfg: Config, machine_gib: float | None = None) -> str | None:
+    """The one line that refuses to launch a run over memory, checked before anything is written,
+    unless plan.allow_over_memory: a Slurm run over its devices' usable memory (`over_memory`), a
+    CPU run here over this machine's (`over_machine_memory`; `machine_gib` stands in for it)."""
+    if cfg.plan.allow_over_memory:
+        return None
+    if cfg.hardware.launcher == "slurm":
+        return over_memory(cfg)
+    return over_machine_memory(cfg, machine_gib)

@@ -19,7 +19,7 @@ from marin.launch.checks import load
 from marin.launch.distributed import check_gpu_install
 from marin.launch.fork import ForkError
 from marin.launch.fork import compose as compose_fork
-from marin.launch.slurm import memory_problem
+from marin.launch.memory import launch_refusal
 from marin.track.errors import first_line
 
 
@@ -71,7 +71,7 @@ def check_jobs(jobs: list[Job]) -> list[str]:
                 lines.append(f"{where}: {err}")
                 continue
             job.composed, job.resolved, job.record_overrides = made.composed, made.resolved, made.overrides
-            if job.slurm and (problem := memory_problem(job.resolved)) is not None:
+            if job.trains and (problem := launch_refusal(job.resolved)) is not None:
                 lines.append(f"{where}: {problem}")
             continue
         try:
@@ -84,7 +84,7 @@ def check_jobs(jobs: list[Job]) -> list[str]:
             continue
         if job.slurm and (problem := check_gpu_install(job.resolved.hardware)) is not None:
             lines.append(f"{where}: {problem}")
-        if job.slurm and (problem := memory_problem(job.resolved)) is not None:
+        if job.trains and (problem := launch_refusal(job.resolved)) is not None:
             lines.append(f"{where}: {problem}")
     return lines
 

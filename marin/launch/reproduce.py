@@ -231,6 +231,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
     `new_overrides` name it. Raises ReproduceError (one line) or validate.ConfigError.
     """
     new = [o for o in new_overrides if override_key(o) != "reproduce"]
+    given = list(new)  # what this command line changes (not the run.name added below)
     try:
         source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:
@@ -308,5 +309,6 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
         raise ReproduceError(f"the recomposed config does not fit the schema: {first_line(err)}") from None
     composed, resolved = load(typed)
     if verb == "reproducing":
-        log.info("reproducing run %s (%s) with %d new override(s)", source.run_id, source.run_dir, len(new))
+        log.info("reproducing run %s (%s)%s", source.run_id, source.run_dir,
+                 f" with {len(given)} new override(s): {' '.join(given)}" if given else ", as it was")
     return composed, resolved, kept + new + [override("reproduce", source.run_id)]

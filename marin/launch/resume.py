@@ -32,6 +32,7 @@ import time
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
+from marin.launch.memory import launch_refusal
 from marin.config.store import override, override_key, shell_join
 from marin.config.validate import ConfigError
 from marin.launch import slurm as slurm_launch
@@ -151,6 +152,8 @@ def _resume(source, new: list[str], dry_run, wait: bool) -> None:
             fail(f"resume: run {rec.run_id} is still queued or running as Slurm job {job}; scancel it first")
         if (problem := slurm_launch.memory_problem(resolved) or check_gpu_install(resolved.hardware)) is not None:
             fail(problem)
+    elif (problem := launch_refusal(resolved)) is not None:  # a CPU run bigger than this machine
+        fail(problem)
     try:
         backend.check_reachable(rec.tracking_uri)
     except backend.TrackingUnavailable as err:

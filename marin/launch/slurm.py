@@ -35,7 +35,7 @@ from marin.config.schema import Config
 from marin.launch import distributed, restarts
 from marin.launch.checks import load
 from marin.launch.distributed import check_gpu_install, process_environment
-from marin.launch.memory import over_memory
+from marin.launch.memory import launch_refusal
 from marin.track import backend, secrets
 from marin.track import record as run_record
 from marin.track.record import RunRecord, config_dict, update_info
@@ -247,9 +247,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
 def memory_problem(resolved) -> str | None:
     """The refusal of a run whose memory estimate exceeds the device's usable memory (the dry
     run's figures), unless plan.allow_over_memory; checked before anything is written."""
-    if resolved.plan.allow_over_memory:
-        return None
-    return over_memory(resolved)
+    return launch_refusal(resolved) if resolved.hardware.launcher == "slurm" else None
 
 
 def _mark_unsubmitted(rec, reason: str) -> None:

@@ -89,6 +89,9 @@ def _health_request(uri: str) -> urllib.request.Request:
 def client(uri: str):
     from mlflow import MlflowClient
 
+    # MLflow prints "View run … at: <its link>" to stdout as a server's run ends: a link without the
+    # training view (MLflow 3 may open its GenAI view), beside the one marin prints (ui_url)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # MLflow announces a new sqlite store's tables and migrations at INFO on stderr: not ours to say
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -123,7 +126,14 @@ def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str | Non
     if not uri.startswith(("http://", "https://")):
         return None
     page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
-    return f"{safe_uri(uri).rstrip('/')}/#/{page}?{UI_TRAINING_VIEW}"
+    return f"{ui_base(uri)}/#/{page}?{UI_TRAINING_VIEW}"
+
+
+def ui_base(uri: str) -> str:
+    """A server's address as a link to click: no user or password in it (the browser asks)."""
+    parts = urllib.parse.urlsplit(uri)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
 
 
 def experiment_id(mlflow_client, name: str, uri: str) -> str:

@@ -355,7 +355,8 @@ def register(draft: Draft) -> RunRecord:
         if resolved.fork:  # <parent run id>@<step> (marin/launch/fork.py); the lineage follows these
             tags["forked_from"] = str(resolved.fork)
         tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
-        run_name = secrets.mask(sweep.run_name(sweep_tags) or display_name(resolved.run.name, safe_overrides))
+        run_name = secrets.mask(sweep.run_name(sweep_tags)
+                                or display_name(resolved.run.name, safe_overrides, unique_suffix(run_dir)))
         run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
         _log_params(client, run_id, secrets.redact(config_dict(resolved)))
         info = {"run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment": draft.experiment_name,
@@ -381,11 +382,18 @@ def register(draft: Draft) -> RunRecord:
     return rec
 
 
-def display_name(name: str, overrides: list[str]) -> str:
-    """A single run's name in MLflow's table: `run.name` and what its command line changed, as a
-    sweep's children are named (`sweep.child_name`): ``probe model=tiny,lr=0.002``. Overrides of
-    bookkeeping (where it is stored, its name: `UNHASHED`) are left out; the run directory, with
-    its unique suffix, is the `run_dir` tag."""
+def unique_suffix(run_dir: Path) -> str:
+    """The random end of a run directory's name (`probe-<hash>-<date>-<time>-47d4e7` → 47d4e7)."""
+    return Path(run_dir).name.rsplit("-", 1)[-1]
+
+
+def display_name(name: str, overrides: list[str], suffix: str = "") -> str:
+    """A single run's name in MLflow's table: `run.name`, its directory's unique suffix (two runs
+    of one command line are two rows, told apart and matched to their directories) and what its
+    command line changed, as a sweep's children are named (`sweep.child_name`):
+    ``probe-47d4e7 model=tiny,lr=0.002``. Overrides of bookkeeping (where it is stored, its name:
+    `UNHASHED`) are left out; the run directory is the `run_dir` tag."""
+    name = f"{name}-{suffix}" if suffix else name
     def bookkeeping(override: str) -> bool:
         key = override_key(override)
         return key.startswith("hydra.") or any(key == u or key.startswith(u + ".") for u in UNHASHED)

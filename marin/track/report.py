@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from marin.config.store import shell_join
 from marin.track import backend, expert_load, record, runstate, secrets, sweep
 
 REPORT = "report.html"
@@ -343,18 +344,16 @@ def forecast_verdict(series: dict[str, Series], tags: dict) -> str:
     return f"within the band at all {n} registered points so far{last}"
 
 
-def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str) -> Html:
-    """The run in MLflow's UI: a link for a server; for a file or sqlite store, the command that
-    serves it and the page's path. Credentials in the URI are left out."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    page = f"#/experiments/{experiment_id}/runs/{run_id}"
-    parts = urlsplit(tracking_uri)
-    if parts.scheme in ("http", "https"):
-        base = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
-        url = f"{base.rstrip('/')}/{page}"
+def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str, run_dir: Path | None = None) -> Html:
+    """The run in MLflow's UI: for a server, a link to its page in the model-training view (the
+    link the trainer prints: backend.ui_url); for a sqlite store, the command that serves it and
+    prints that link (marin.ui). Credentials in the URI are left out."""
+    url = backend.ui_url(tracking_uri, experiment_id, run_id)
+    if url is not None:
         return Html(f'<a href="{_esc(url)}">{_esc(url)}</a>')
-    return Html(f"<code>mlflow ui --backend-store-uri {_esc(tracking_uri)}</code>, then <code>{_esc(page)}</code>")
+    target = shell_join([str(run_dir)]) if run_dir is not None else run_id
+    return Html(f"<code>python -m marin.ui {_esc(target)}</code> (or <code>marin-ui</code>: MLflow's UI for "
+                f"{_esc(secrets.safe_uri(tracking_uri))}, and the run's link)")
 
 
 def run_html(client, run, run_dir: Path | None) -> str:
@@ -381,7 +380,7 @@ def run_html(client, run, run_dir: Path | None) -> str:
         ("final train loss", _num(_final(loss))),
         (f"final {headline}", _num(_final(series.get(headline)))),   # eval.headline, logged as a param
         ("forecast", forecast_verdict(series, tags)),
-        ("MLflow", mlflow_link(client.tracking_uri, run.info.experiment_id, run_id)),
+        ("MLflow", mlflow_link(client.tracking_uri, run.info.experiment_id, run_id, run_dir)),
         ("tokens/s (median, 2nd half)", _num(_median_late(series.get("train/tokens_per_s")), ",.0f")),
         ("MFU (median, 2nd half)", _num(_median_late(series.get("train/mfu")), ".2%")),
         ("model / router / hardware", f"{tags.get('model', '?')} / {tags.get('router', '?')} / {tags.get('hardware', '?')}"),

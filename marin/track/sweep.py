@@ -235,6 +235,8 @@ def _create_parent(client, exp_id, member: Membership, uri: str) -> str:
     info = {"parent_run_id": run_id, "tracking_uri": secrets.safe_uri(uri), "experiment_id": exp_id,
             "experiment": member.experiment, "sweep": member.name, "sweep_id": member.sweep_id,
             "params": member.swept, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if member.expected:  # also here: `marin.status` lists sweeps from their directories
+        info["expected_jobs"] = member.expected
     secrets.write_private(member.folder / "sweep.json", json.dumps(secrets.redact(info), indent=2) + "\n")
     return run_id
 
@@ -282,12 +284,25 @@ def begin(cfg: Config, expected: int) -> Launch | None:
     parents = find_parent(client, exp_id, sid)
     if parents:  # jobs added to an existing sweep (run.sweep_id): it runs again until they end
         parent_id = parents[0].info.run_id
-        client.set_tag(parent_id, "expected_jobs", str(len(children(client, parents[0])) + expected))
+        total = len(children(client, parents[0])) + expected
+        client.set_tag(parent_id, "expected_jobs", str(total))
+        _note_expected(folder, total)
         client.update_run(parent_id, status="RUNNING")
     else:
         member = Membership(name, sid, folder, swept_values(), [], expected, exp_name)
         parent_id = _create_parent(client, exp_id, member, uri)
     return Launch(name, sid, parent_id, folder, uri, exp_name)
+
+
+def _note_expected(folder: Path, total: int) -> None:
+    """The sweep's expected job count in its sweep.json too (read by `marin.status` without MLflow)."""
+    path = folder / "sweep.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    info["expected_jobs"] = total
+    secrets.write_private(path, json.dumps(info, indent=2) + "\n")
 
 
 def made_child(run_id: str) -> None:

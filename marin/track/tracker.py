@@ -447,8 +447,38 @@ def catch_up(record: run_record.RunRecord) -> tuple[int, Path | None]:
     return sent, report.write_run_report(record)
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m marin.track.tracker <run directory or MLflow run id>")
-    sent, drawn = catch_up(run_record.open(sys.argv[1]))
+def main(argv: list[str] | None = None) -> int:
+    """`python -m marin.track.tracker <run>`: send what a run kept while its store was away."""
+    import argparse  # marin.cli's Parser is a tool's (a layer above): its one-line errors by hand
+
+    parser = argparse.ArgumentParser(
+        prog="python -m marin.track.tracker",
+        description="Send what a run kept while its MLflow store did not answer (unsent_metrics.jsonl, its "
+                    "final status), then draw the report its end could not. Exit 0 when sent; 1 when the store "
+                    "still does not answer; 2 for a run that is not found.")
+    parser.add_argument("run", help="the run: its directory, name, a unique prefix or MLflow run id")
+    parser.add_argument("--tracking-uri", help="where to look an MLflow run id up (default: $MLFLOW_TRACKING_URI "
+                        "or the project's)")
+    parser.add_argument("--out-dir", help="where run names are looked up (default: the project's outputs/)")
+    parser.error = lambda message: _fail(f"python -m marin.track.tracker: {message} (see --help)", 2)  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    try:
+        rec = run_record.open(args.run, tracking_uri=args.tracking_uri, out_dir=args.out_dir)
+    except run_record.RecordError as err:
+        _fail(first_line(err), 2)
+    try:
+        backend.check_reachable(rec.tracking_uri)
+        sent, drawn = catch_up(rec)
+    except Exception as err:  # noqa: BLE001 — the store away or refusing: one line, kept for next time
+        _fail(f"{secrets.safe_uri(rec.tracking_uri)}: {first_line(err)}; nothing lost, run this again later", 1)
     print(f"sent {sent} metrics" + (f"; report {drawn}" if drawn else ""))
+    return 0
+
+
+def _fail(message: str, code: int):
+    print(f"error: {secrets.mask(message)}", file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

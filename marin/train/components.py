@@ -61,7 +61,7 @@ class MetricLogger:
         self.tokens_per_step = cfg.train.seq_len * cfg.train.global_batch
         self.flops_per_step = 3 * accounting.flops_per_token(cfg) * self.tokens_per_step
         self.peak = cfg.hardware.peak_flops_per_device * jax.device_count()
-        self.progress = _Progress(start, total or stop, enabled)  # N/M: M the run's last step, past stop_after
+        self.progress = _Progress(start, total or stop, enabled, last=stop)  # N/M: M the run's last step, past stop_after
         self.last_done = time.perf_counter()
         self.summary: dict = {}
         self.watchdog = watchdog
@@ -246,15 +246,19 @@ class Evaluator:
 class _Progress:
     """A tqdm bar on stderr: step N of the run's last step M, loss, tokens/s and ETA (process 0
     only). It is drawn from the first completed step on, so the lines said before it (the run
-    directory, the MLflow run) are printed once, above it, not again inside its redraws."""
+    directory, the MLflow run) are printed once, above it, not again inside its redraws. The
+    invocation's last step (`last`: M, or train.stop_after) is drawn once, when the bar closes
+    (at the first line written after it, or at the end): not also by its update and again by a
+    redraw under the eval line, which a log file (Slurm's, a pipe) kept as copies of one bar."""
 
-    def __init__(self, start: int, total: int, enabled: bool):
+    def __init__(self, start: int, total: int, enabled: bool, last: int | None = None):
         self.start, self.total, self.enabled = start, total, enabled
+        self.last = total if last is None else last
         self.bar = None
         self.closed = False
 
     def update(self, n: int, loss: float, tokens_per_s: float) -> None:
-        if not self.enabled:
+        if not self.enabled or self.closed:
             return
         if self.bar is None:
             from tqdm import tqdm
@@ -262,19 +266,26 @@ class _Progress:
             self.bar = tqdm(total=self.total, initial=self.start, file=sys.stderr, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-        self.bar.update(n - self.bar.n)
+        if n >= self.last:  # counted, not drawn: closing draws it
+            self.bar.n = n
+        else:
+            self.bar.update(n - self.bar.n)
 
     def write(self, line: str) -> None:
         if not self.enabled:
             return
-        if self.bar is None:
+        if self.bar is not None and not self.closed and self.bar.n >= self.last:
+            self.close()  # the final bar, then the line under it
+        if self.bar is None or self.closed:
             print(line, file=sys.stderr, flush=True)
         else:
             self.bar.write(line, file=sys.stderr)
         record.to_run_log(line)  # the eval lines belong in the run directory's log too
 
     def close(self) -> None:
-        if self.bar is not None and self.bar.n > self.bar.initial and not self.closed:
+        if self.closed:
+            return
+        if self.bar is not None and self.bar.n > self.bar.initial:
             record.to_run_log(str(self.bar))  # the bar's last state: steps, time, loss, tokens/s
         self.closed = True
         if self.bar is not None:

@@ -165,3 +165,15 @@ def test_the_stdlib_is_listed_once_per_process(monkeypatch):
 def test_byte_tokenizer_round_trip():
     (ids,) = ByteTokenizer().encode_batch(["héllo"])
     assert bytes(ids.astype(np.uint8)).decode() == "héllo" and ids.max() < 256
+
+
+def test_tokenizing_draws_no_empty_bar(tmp_path, capsys):
+    """The tokenizing bar starts at its first tokens: no `tokenizing a: 0.00tok` line before them
+    (a source tokenized in a moment shows no bar at all)."""
+    from marin.data.loader import Loader
+    from tests.data.mixtures import resolved, write_jsonl
+
+    write_jsonl(tmp_path / "a.jsonl", ["a short document"] * 20)
+    Loader(resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])]), progress=True)
+    err = capsys.readouterr().err
+    assert "0.00tok" not in err and "tokenizing a" not in err, err

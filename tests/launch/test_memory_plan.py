@@ -1,5 +1,6 @@
 """The memory plan: the dry run says whether a run fits its devices, and a Slurm submission
-that would not fit is refused before anything is written (unless plan.allow_over_memory)."""
+that would not fit, or a CPU run over this machine's memory, is refused before anything is
+written (unless plan.allow_over_memory)."""
 import pytest
 
 from marin.config import derive
@@ -235,3 +236,48 @@ def test_the_dry_run_says_why_offload_is_on_or_off():
     assert rung["offload"]["reason"].startswith("the plan fits without offload")
     text = plan_module.format_plan(rung)
     assert "optimizer off, carries off" in text and "host link / step" not in text
+
+
+@pytest.mark.parametrize("how", [("model=tiny",), ("model=tiny", "-m", "optim.lr=0.001,0.002")])
+def test_a_cpu_run_over_this_machines_memory_is_refused_and_writes_nothing(how, tmp_path, capsys, monkeypatch):
+    """As a Slurm run over its devices' memory: exit 2, one line naming plan.allow_over_memory, no
+    run directory (the machine's memory stood in for by a figure half the run's estimate)."""
+    import sys
+
+    from marin.launch import memory
+
+    cfg = make_config("model=tiny")
+    need = memory.device_peak(cfg) + accounting.memory_per_device(cfg)["host"]
+    monkeypatch.setattr(memory, "machine_memory_gib", lambda: need / 2)
+    out_dir = tmp_path / "out"
+    site = (f"run.out_dir={out_dir}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")
+    if "-m" in how:  # a sweep of local jobs: every job checked before the first runs (launch.py -m)
+        import subprocess
+
+        probe = ("import sys; from marin.launch import memory; memory.machine_memory_gib = lambda: %r\n"
+                 "import runpy; sys.argv = ['launch.py', *sys.argv[1:]]; runpy.run_path('launch.py', run_name='__main__')"
+                 % (need / 2))
+        from tests.helpers import ROOT
+        done = subprocess.run([sys.executable, "-c", probe, "-m", "model=tiny", "optim.lr=0.001,0.002", *site],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        code, err = done.returncode, done.stderr.strip().splitlines()
+        assert code == 2 and "plan.allow_over_memory=true" in done.stderr, done.stderr[-2000:]
+        assert sum("memory: the estimate for this CPU run" in line for line in err) == 2  # job 1/2 and 2/2
+    else:
+        assert launch_here(*how, *site) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: memory: the estimate for this CPU run is")
+        assert "plan.allow_over_memory=true" in err[0] and f"{need / 2:.1f} GiB" in err[0]
+    assert not out_dir.exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_allow_over_memory_runs_a_cpu_run_anyway(tmp_path, monkeypatch):
+    import marin.launch.local as local
+    from marin.launch import memory
+
+    monkeypatch.setattr(memory, "machine_memory_gib", lambda: 1e-6)
+    started = []
+    monkeypatch.setattr(local, "run_local", lambda *args: started.append(args))
+    monkeypatch.setattr("marin.launch.entry.apply_environment", lambda hw: None)
+    assert launch_here("model=tiny", "plan.allow_over_memory=true", f"run.out_dir={tmp_path}") == 0
+    assert len(started) == 1  # past the check: the run would train

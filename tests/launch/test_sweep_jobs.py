@@ -150,3 +150,15 @@ def test_where_to_look_is_read_from_quoted_overrides_as_hydra_reads_them(tmp_pat
     folder = tmp_path / "a=b"
     assert out_dir([f"run.out_dir='{folder}'"]) == folder
     assert lookup_uri([f"tracking.uri='sqlite:///{folder}/m.db'"]) == f"sqlite:///{folder}/m.db"
+
+
+def test_the_sweep_directory_is_printed_absolute(tmp_path, monkeypatch):
+    """`directory:` and the `watch it` command name the sweep absolutely, also when it lies under
+    the working directory (it was shown relative to it: wrong once pasted from another folder)."""
+    from hydra_plugins.marin_launcher.marin_launcher import announce
+    from marin.track import sweep
+
+    folder = tmp_path / "outputs" / "sweeps" / "lr_grid-0a1b2c3d"
+    monkeypatch.chdir(tmp_path)
+    text = announce(sweep.Launch("lr_grid", "0a1b2c3d", "f" * 32, folder, "sqlite:///x.db", "default"), 3)
+    assert f"  directory: {folder}\n" in text and text.endswith(f"python -m marin.status {folder}")

@@ -68,7 +68,21 @@ def test_divergence_names_the_first_step_that_differs():
         "control vs parent: train/loss bit-for-bit equal at steps 4…5 (2 steps)", True)
     line, equal = ab.divergence(parent, {4: 1.5, 5: 1.2500001, 6: 1.0}, 4, 6)
     assert not equal and line.startswith("control vs parent: DIVERGE at step 5 (parent 1.25, control 1.2500001)")
-    assert ab.divergence({}, {4: 1.5}, 4, 4)[1] is False                     # nothing to check is no pass
+
+
+def test_a_parent_that_stopped_before_the_window_has_nothing_to_compare_and_the_arms_get_a_verdict():
+    """A parent stopped at step 3 (train.stop_after, Ctrl-C) logged no loss at the arms' steps: one
+    line says there is nothing to compare, and the verdict is on the arms (exit 0), not
+    "inconclusive", which is kept for a control that really diverges."""
+    line, compare = ab.divergence({1: 2.0, 2: 1.75, 3: 1.5}, {4: 1.25, 5: 1.0}, 4, 5)
+    assert compare is True
+    assert line == ("control vs parent: the parent logged no loss at steps 4…5 (it stopped at step 3): nothing to "
+                    "compare the control with")
+    got = {"loss": (1.0, 1.0005), "tokens/s": (100.0, 110.0)}
+    assert ab.verdict(got, compare, 0.001).startswith("verdict: candidate holds — loss +0.050%")
+    assert ab.verdict(got, compare, 0.0001).startswith("verdict: candidate worse")
+    diverged = ab.divergence({3: 1.5, 4: 1.25}, {4: 1.2, 5: 1.0}, 4, 5)
+    assert diverged[1] is False and ab.verdict(got, diverged[1], 0.001).startswith("verdict: inconclusive")
 
 
 def test_the_arms_sweep_id_stays_a_string_whatever_its_hex_digits():
@@ -78,3 +92,26 @@ def test_the_arms_sweep_id_stays_a_string_whatever_its_hex_digits():
 
     for sid in ("99e73426", "12345678", "0e000001", "a1b2c3d4"):
         assert compose_dict("model=tiny", ab.sweep_id_override(sid))["run"]["sweep_id"] == sid
+
+
+@pytest.mark.slow
+def test_an_ab_from_a_stopped_parent_gives_the_verdict_on_the_arms(tmp_path_factory, capfd):
+    """A parent stopped at step 3 of 6 (train.stop_after=3): its arms run 4…5, where the parent
+    logged nothing. Exit 0 with a verdict on the arms (it said "inconclusive" and exited 1)."""
+    from marin.launch.checks import load
+    from marin.track import record
+    from marin.train.loop import train
+    from tests.helpers import compose_dict, new_store, signals_kept
+    from tests.trained import FORKABLE, _detach_run_logs
+
+    root = tmp_path_factory.mktemp("stopped_parent")
+    overrides = [*FORKABLE, "train.stop_after=3", f"run.out_dir={root}", f"tracking.uri={new_store(root)}"]
+    composed, cfg = load(compose_dict(*overrides))
+    parent = record.create(composed, cfg, overrides)
+    with signals_kept():
+        train(cfg, parent)
+    _detach_run_logs()
+    ab.main([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "2"])        # no SystemExit: exit 0
+    out, err = capfd.readouterr()
+    _check_report(out, err, parent, None)
+    assert "control vs parent: the parent logged no loss at steps 4…5 (it stopped at step 3): nothing to compare" in out

@@ -75,3 +75,27 @@ def test_a_run_under_another_output_folder_by_its_name(tmp_path, capsys):
     run_id = fake_run_dir(tmp_path, "run: {name: probe}\n")
     lineage.main(["probe", "--out-dir", str(tmp_path), "--tracking-uri", new_store(tmp_path)])
     assert f"lineage of run {run_id}: 1 run" in capsys.readouterr().out
+
+
+def test_every_nth_step_and_csv(tmp_path, capsys):
+    """A long run's stitched curve: `--every N` keeps steps divisible by N and the last; `--csv`
+    prints only the curve as CSV (step,value,run_id)."""
+    from tests.helpers import fake_run_dir
+
+    run_id = fake_run_dir(tmp_path, "run: {name: probe}\ntrain: {steps: 25}\n")
+    run_dir = next((tmp_path / "runs").iterdir())
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"key": "train/loss", "value": 10 / s, "step": s,
+                                                               "timestamp": 0}) + "\n" for s in range(1, 26)))
+    lineage.main([str(run_dir), "--metric", "train/loss", "--every", "10"])
+    out = capsys.readouterr().out
+    assert "train/loss, stitched: 25 steps, shown every 10 steps and the last" in out
+    curve = out[out.index("every 10 steps and the last"):].splitlines()[1:]
+    assert [line.split()[0] for line in curve] == ["10", "20", "25"]
+    lineage.main([str(run_dir), "--metric", "train/loss", "--every", "5", "--csv"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["step,value,run_id", *(f"{s},{10 / s!r},{run_id}" for s in (5, 10, 15, 20, 25))]
+    for argv, says in ((["--every", "0", "--metric", "train/loss"], "--every: must be a whole number ≥ 1"),
+                       (["--csv"], "--csv: give the metric")):
+        with pytest.raises(SystemExit) as exit_:
+            lineage.main([str(run_dir), *argv])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err

@@ -37,9 +37,10 @@ def test_the_linked_mlflow_page_opens_on_the_training_run(request, tmp_path):
     link = record.mlflow_link(rec)   # what the trainer prints: `mlflow run: <id> (<link>)`
     assert link.endswith(backend.UI_TRAINING_VIEW)
     run_page = page_text(link, tmp_path / "profile")
-    assert "uiprobe model=micro,lr=0.002" in run_page
+    name = f"uiprobe-{record.unique_suffix(rec.run_dir)} model=micro,lr=0.002"   # MLflow's name of an ad-hoc run
+    assert name in run_page
     assert "Model metrics" in run_page and "Evaluation runs" not in run_page   # the training sidebar, not GenAI's
     assert "Created by —" not in run_page and "Source —" not in run_page       # mlflow.user, mlflow.source.name
 
     runs = page_text(link.replace(f"/runs/{rec.run_id}", ""), tmp_path / "profile2")
-    assert "uiprobe model=micro,lr=0.002" in runs and "Token Usage" not in runs  # the runs table, not trace charts
+    assert name in runs and "Token Usage" not in runs  # the runs table, not trace charts

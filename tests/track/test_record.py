@@ -180,7 +180,10 @@ def test_mlflow_shows_user_source_git_and_a_readable_name(configure, store):
     rec = record.create(*configure("run.name=readable", "optim.lr=0.002"))
     client = MlflowClient(store["uri"])
     run = client.get_run(rec.run_id)
-    assert run.info.run_name == "readable model=micro,steps=4,lr=0.002"  # no store, folder or name overrides
+    # no store, folder or name overrides; the directory's unique suffix: ad-hoc runs of one command differ
+    assert run.info.run_name == f"readable-{rec.run_dir.name.rsplit('-', 1)[-1]} model=micro,steps=4,lr=0.002"
+    again = record.create(*configure("run.name=readable", "optim.lr=0.002"))
+    assert client.get_run(again.run_id).info.run_name != run.info.run_name
     tags = run.data.tags
     assert tags["mlflow.user"] == getpass.getuser() and tags["mlflow.source.type"] == "LOCAL"
     assert tags["mlflow.source.name"].startswith("/") and tags["mlflow.source.git.commit"] == rec.info()["git"]["commit"]

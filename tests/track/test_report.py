@@ -144,9 +144,13 @@ def test_forecast_band_is_drawn_when_the_run_has_one(run, tmp_path):
 def test_the_summary_links_the_mlflow_run(run):
     rec, _ = run
     text = "".join(Page((rec.run_dir / track_report.REPORT).read_text()).text)
-    assert f"mlflow ui --backend-store-uri {rec.tracking_uri}, then #/experiments/" in text and rec.run_id in text
+    assert f"python -m marin.ui {rec.run_dir} (or marin-ui: MLflow's UI for {rec.tracking_uri}" in text  # sqlite
+    # a server's: the run's page in the training view, as the trainer links it (no credentials in it)
     link = track_report.mlflow_link("http://user:pw@host:5000/", "3", "abc")
-    assert link == '<a href="http://host:5000/#/experiments/3/runs/abc">http://host:5000/#/experiments/3/runs/abc</a>'
+    url = "http://host:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert link == f'<a href="{url}">{url}</a>'
+    from marin.track import backend
+    assert backend.ui_url("http://user:pw@host:5000/", "3", "abc") == url
 
 
 def test_the_forecast_verdict_names_the_first_departure():
@@ -234,3 +238,19 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
         report.main([])
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_mlflow_prints_no_view_run_line_of_its_own(capsys, monkeypatch):
+    """MLflow's client prints `🏃 View run … at: <url>` when a server's run ends: a link without the
+    training view, beside the one marin prints. Every client marin opens keeps it quiet."""
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.tracking._tracking_service.client import TrackingServiceClient
+
+    from marin.track import backend
+
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    backend.client("http://127.0.0.1:9/")  # no server there: made, not used
+    fake = TrackingServiceClient.__new__(TrackingServiceClient)
+    monkeypatch.setattr(TrackingServiceClient, "store", property(lambda self: RestStore.__new__(RestStore)))
+    fake._log_url("abc")  # would ask the store for the run (and fail) if it meant to print
+    assert "View run" not in capsys.readouterr().out

@@ -130,7 +130,7 @@ def test_diff_lists_differing_leaves(source, store, capsys):
     client.set_terminated(other.run_id, "FINISHED")
     # id prefixes; the source's directory has copies here (same id): the store says which is the run
     assert diff.main([source.run_id[:10], other.run_id[:10], "--out-dir", str(store["out"]),
-                      "--tracking-uri", store["uri"]]) == 1
+                      "--tracking-uri", store["uri"], "--mlflow"]) == 1  # logged to the store alone
     out = capsys.readouterr().out
     results = {line.split()[0]: line.split()[1:] for line in out[out.index("\nresult"):].splitlines()[2:]}
     assert results["state"] == ["RUNNING", "FINISHED"] and results["step"] == ["-", "4"]
@@ -235,3 +235,14 @@ def test_config_dir_of_the_run_is_used_again_and_a_gone_one_is_one_line(store, t
     with contextlib.redirect_stdout(io.StringIO()) as printed:  # resume= takes a run id prefix as well
         resume([f"resume={rec.run_id[:12]}", "dry_run=true", f"run.out_dir={tmp_path}"], dry_run=True)
     assert f"resuming run {rec.run_id}" in printed.getvalue()
+
+
+def test_the_reproducing_line_counts_only_the_overrides_given(source, caplog):
+    """`reproduce=<run>` alone said "with 1 new override(s)": the run.name it adds itself."""
+    with caplog.at_level(logging.INFO, logger="marin"):
+        recompose(str(source.run_dir), [])
+        recompose(str(source.run_dir), ["train.steps=6", "optim.lr=0.004"])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reproducing run")]
+    assert lines == [f"reproducing run {source.run_id} ({source.run_dir}), as it was",
+                     f"reproducing run {source.run_id} ({source.run_dir}) with 2 new override(s): train.steps=6 "
+                     "optim.lr=0.004"]

@@ -113,17 +113,47 @@ def test_no_argument_lists_recent_sweeps_and_runs_and_watch_refreshes(store, con
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
     job = record.create(*multirun_job(0, "sweep=lr_grid", "optim.lr=1e-3", f"run.out_dir={out}"))
     client = MlflowClient(store["uri"])
-    client.log_metric(rec.run_id, "train/loss", 4.5, step=2)
-    client.log_metric(rec.run_id, "eval/macro_loss", 4.75, step=2)
-    client.set_terminated(rec.run_id, "FINISHED")
+    logged = tracker.Tracker(rec)  # into metrics.jsonl and record.json, and the store
+    logged.log_metrics({"train/loss": 4.5, "eval/macro_loss": 4.75}, 2)
+    logged.set_tags({"ended": "stopped at step 2 of 4 (train.stop_after)"})  # as the trainer says it
+    logged.finish("FINISHED")
 
-    assert status.main(["--out-dir", str(out), "--watch", "0.01", "--count", "2"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("runs (python -m marin.status <run>") == 2  # printed twice, then it stopped
-    assert _row(out, rec.run_dir.name)[1:] == ["FINISHED", "2/4", "4.5000", "4.7500", rec.run_id]
-    sweep_dir = client.get_run(job.run_id).data.tags["sweep_dir"]
-    assert _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[1:4] == ["RUNNING", "0/4", "jobs"]
-    assert job.run_dir.name not in out  # a sweep's jobs are under `marin.status <sweep>`
+    for store_too in ([], ["--mlflow"]):  # from the run directories (the default), from the store
+        assert status.main(["--out-dir", str(tmp_path / "out"), "--watch", "0.01", "--count", "2", *store_too]) == 0
+        out = capsys.readouterr().out
+        assert out.count("runs (python -m marin.status <run>") == 2  # printed twice, then it stopped
+        assert _row(out, rec.run_dir.name)[1:] == ["STOPPED", "2/4", "4.5000", "4.7500", rec.run_id], store_too
+        sweep_dir = client.get_run(job.run_id).data.tags["sweep_dir"]
+        assert _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[1:4] == ["RUNNING", "0/4", "jobs"], store_too
+        assert job.run_dir.name not in out  # a sweep's jobs are under `marin.status <sweep>`
+    # the sweep's own header counts as its line in the list does (it said "1/4 jobs": runs made)
+    listed = _row(out, f"  {sweep_dir.rsplit('/', 1)[-1]}")[2:5]
+    assert status.main([sweep_dir]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith(", " + " ".join(listed)) and listed == ["0/4", "jobs", "ended"], (header, listed)
+
+
+def test_listing_and_a_runs_row_start_no_mlflow_or_jax(store, configure, tmp_path):
+    """The list and one run's row come from the run directories: the process never imports MLflow
+    (seconds of start-up) or JAX; --mlflow asks the store (benchmarks/tool_startup.py times them)."""
+    import subprocess
+
+    from tests.helpers import ROOT
+
+    out = tmp_path / "out"
+    rec = record.create(*configure("run.name=listed", f"run.out_dir={out}"))
+    logged = tracker.Tracker(rec)
+    logged.log_metrics({"train/loss": 4.5}, 4)
+    logged.finish("FINISHED")
+    probe = ("import sys\nfrom marin import diff, lineage, status\n"
+             f"status.main(['--out-dir', {str(out)!r}]); status.main([{str(rec.run_dir)!r}])\n"
+             f"lineage.main([{str(rec.run_dir)!r}])\n"
+             f"code = diff.main([{str(rec.run_dir)!r}, {str(rec.run_dir)!r}])\n"
+             "print('imported:', sorted(m for m in ('mlflow', 'jax') if m in sys.modules), code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "imported: [] 0", done.stdout
+    assert _row(done.stdout, rec.run_dir.name)[1:4] == ["FINISHED", "4/4", "4.5000"]
 
 
 def test_one_run_by_id_prefix_and_a_pending_slurm_job(store, configure, monkeypatch, tmp_path, capsys):

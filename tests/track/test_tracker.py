@@ -101,6 +101,23 @@ def test_catching_up_draws_no_report_for_a_run_that_asked_for_none(configure, st
     assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"
 
 
+def test_the_catch_up_command_sends_and_says_so_in_one_line(configure, store, capsys):
+    """`python -m marin.track.tracker <run>` (what a run printed when its store was away): its
+    metrics sent, or one error line (no traceback) for a run that is not found."""
+    real = record.create(*configure("run.name=trk-command", "tracking.report=false"))
+    away = RunRecord(real.run_dir, real.run_id, "http://127.0.0.1:9", real.experiment_name)
+    t = tracker.Tracker(away, flush_every_s=0.0, report=False)
+    t.log_metrics({"train/loss": 1.0}, step=0)
+    t.finish("FINISHED")
+    capsys.readouterr()
+    assert tracker.main([str(real.run_dir)]) == 0
+    assert capsys.readouterr().out == "sent 1 metrics\n"
+    with pytest.raises(SystemExit) as exit_:
+        tracker.main([str(real.run_dir) + "-gone"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,95 @@
+"""A run's state, step and latest metrics read from its directory alone (record.json,
+metrics.jsonl, the saved resolved configs): what `marin.status`, `marin.diff` and `marin.lineage`
+list without importing MLflow (about 2 s of start-up) or opening the store.
+
+The directory is the run's own record (marin.track.tracker: every metric goes to metrics.jsonl
+before the store; `finish` writes the final status into record.json), so these agree with the
+MLflow run once it has been sent. A run still running, or killed before `finish`, has no status
+in record.json: RUNNING. A FINISHED run whose last step is short of its horizon was stopped
+(`train.stop_after`): STOPPED, as marin.track.runstate shows it from the store.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+INFO, RESOLVED, METRICS = "record.json", "resolved.yaml", "metrics.jsonl"  # as record / tracker name them
+LOSS = "train/loss"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def latest(run_dir: Path, keys=None) -> dict[str, tuple[int, float]]:
+    """{key: (step, value)} of each metric's highest step in metrics.jsonl (a cut line skipped)."""
+    out: dict = {}
+    path = Path(run_dir) / METRICS
+    try:
+        lines = path.read_text().splitlines() if path.is_file() else []
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            key, step = row["key"], int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if (keys is None or key in keys) and step >= out.get(key, (-1, None))[0]:
+            out[key] = (step, row["value"])
+    return out
+
+
+def horizon(run_dir: Path, info: dict | None = None) -> int | None:
+    """The run's last step: of its newest resolved config (a resume's resolved.resume-N.yaml, where
+    it may have moved the horizon; else resolved.yaml): `schedule.horizon_steps` or `train.steps`."""
+    info = read_json(Path(run_dir) / INFO) if info is None else info
+    names = [entry.get("resolved") for entry in info.get("resumes") or [] if isinstance(entry, dict)]
+    for name in [*reversed([n for n in names if n]), RESOLVED]:
+        try:
+            cfg = yaml.safe_load((Path(run_dir) / name).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for group, key in (("schedule", "horizon_steps"), ("train", "steps")):
+            value = (cfg.get(group) or {}).get(key)
+            if isinstance(value, int):
+                return value
+        return None
+    return None
+
+
+@dataclass
+class RunFiles:
+    """One run as its directory tells it."""
+    run_dir: Path
+    run_id: str
+    state: str                  # RUNNING, FINISHED, STOPPED, FAILED, KILLED
+    step: int | None            # the last logged train/loss step
+    total: int | None           # the horizon
+    info: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)  # {key: (step, value)}
+
+    def value(self, key: str) -> float | None:
+        return self.metrics[key][1] if key in self.metrics else None
+
+    @property
+    def slurm_jobs(self) -> list[str]:
+        return [str(j) for j in self.info.get("slurm_jobs") or []]
+
+
+def read(run_dir: str | Path) -> RunFiles:
+    run_dir = Path(run_dir)
+    info = read_json(run_dir / INFO)
+    metrics = latest(run_dir)
+    step = metrics[LOSS][0] if LOSS in metrics else None
+    total = horizon(run_dir, info)
+    status = info.get("status") or "RUNNING"
+    if status == "FINISHED" and step is not None and total is not None and step < total:
+        status = "STOPPED"
+    return RunFiles(run_dir, info.get("run_id", "?"), status, step, total, info, metrics)
