@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
 from marin.config.store import override, override_key, shell_join
-from marin.launch.memory import launch_refusal
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
+from marin.launch.memory import launch_refusal
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
 from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, _last_per_key, changes_between
