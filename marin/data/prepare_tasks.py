@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,9 @@ from marin.data.tokenizers import load_tokenizer, token_dtype
 log = logging.getLogger("marin.data")
 BATCH_CHARS = 4_000_000  # characters handed to the tokenizer at once
 AUTO_SLURM_TASKS = 1000
+# "<task>:<n>": that task kills itself (SIGKILL) at its n-th document, mid-shard: the fault the
+# tests inject into a Slurm array, whose tasks run where a test cannot reach in.
+KILL_VARIABLE = "MARIN_PREPARE_KILL_AT"
 
 
 class BadInput(UnreadableSource):
@@ -78,13 +83,14 @@ def group_files(files: list[Path], limit: int) -> list[tuple[list[str], int]]:
 
 def assign(plan: Plan, count: int) -> None:
     """`plan.tasks`: its groups over `count` tasks (at most one per group), the largest groups
-    first to the task with the fewest bytes (ties: the lower task); every task's groups in order."""
+    first to the task with the fewest bytes (ties: the fewest groups, then the lower task); every
+    task's groups in order."""
     units = plan.units
     count = max(1, min(count, len(units)))
     load, tasks = [0] * count, [[] for _ in range(count)]
     size = {u: plan.sources[u[0]].group_bytes[u[1]] for u in units}
     for u in sorted(units, key=lambda u: (-size[u], u)):
-        t = min(range(count), key=lambda i: (load[i], i))
+        t = min(range(count), key=lambda i: (load[i], len(tasks[i]), i))   # sizes unknown (built-in): by count
         tasks[t].append(u)
         load[t] += size[u]
     plan.tasks = [sorted(t) for t in tasks if t]
@@ -235,6 +241,7 @@ def run_task(plan: Plan, task: int, progress=None) -> int:
     """Task `task` of the plan: its groups, then the index of every source it completed; returns
     the tokens of its groups. What a pool worker and a Slurm array task run."""
     tok = load_tokenizer(plan.tokenizer)
+    progress = _with_fault(task, progress)
     tokens, touched = 0, []
     for s, g in plan.tasks[task]:
         try:
@@ -249,6 +256,22 @@ def run_task(plan: Plan, task: int, progress=None) -> int:
         except UnreadableSource as err:
             raise UnreadableSource(f"{plan.sources[s].field} ({plan.sources[s].name}): {err}") from err
     return tokens
+
+
+def _with_fault(task: int, progress):
+    """`progress`, and the kill `KILL_VARIABLE` asks of this task."""
+    at = os.environ.get(KILL_VARIABLE, "")
+    if not at or int(at.split(":")[0]) != task:
+        return progress
+    left = [int(at.split(":")[1])]
+
+    def count(n: int) -> None:
+        left[0] -= 1
+        if left[0] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if progress is not None:
+            progress(n)
+    return count
 
 
 def estimated_shards(source: SourcePlan, tokens: float | None, shard_tokens: int) -> int:

@@ -175,3 +175,18 @@ def test_the_hero_plan_at_a_site(capsys):
     line = next(l for l in out.splitlines() if l.startswith("run:"))
     assert line.startswith("run: 500 tasks on a Slurm array, 2,000 cores"), line
     assert "hours" in line and "total: 200 sources" in out
+
+
+def test_a_pool_worker_killed_mid_shard_and_a_rerun_give_the_uninterrupted_shards(tmp_path, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    corpus(tmp_path)
+    whole = _cfg(tmp_path, "whole")
+    prepare.prepare(whole, progress=False)
+    pooled = _cfg(tmp_path, "pooled", prepare_tasks=2)
+    monkeypatch.setenv(prepare_tasks.KILL_VARIABLE, "1:15")   # task 1's worker: SIGKILL at its 15th document
+    with pytest.raises(BrokenProcessPool):
+        prepare.run_pool(prepare.plan(pooled), progress=False)
+    monkeypatch.delenv(prepare_tasks.KILL_VARIABLE)
+    prepare.run_pool(prepare.plan(pooled), progress=False)
+    assert fingerprint(pooled) == fingerprint(whole)
