@@ -98,11 +98,12 @@ def assign(plan: Plan, count: int) -> None:
 
 # ----------------------------------------------------------------------------------- one group
 
-def _existing(src_dir: Path, group: int) -> tuple[list[dict], int, bool]:
-    """The group's shards already made that verify, in order, until the first missing or damaged
-    one: (manifests, record to restart at, whether the group is complete)."""
+def _existing(src_dir: Path, group: int, full: bool = True) -> tuple[list[dict], int, bool]:
+    """The group's shards already made that verify (`full`: their hashes too, else their sizes),
+    in order, until the first missing or damaged one: (manifests, record to restart at, whether
+    the group is complete)."""
     done, part = [], 0
-    while (m := shards.verify_shard(src_dir / shards.shard_id(group, part))) is not None:
+    while (m := shards.verify_shard(src_dir / shards.shard_id(group, part), full)) is not None:
         done.append(m)
         if m["last"]:
             return done, m["records"][1], True
@@ -215,7 +216,7 @@ def finalize(plan: Plan, s: int) -> bool:
     src_dir = Path(source.dir)
     manifests = []
     for g in range(len(source.groups)):
-        done, _, complete = _existing(src_dir, g)
+        done, _, complete = _existing(src_dir, g, full=False)   # their tasks hashed them
         if not complete:
             return False
         manifests += done

@@ -91,11 +91,14 @@ class ShardWriter:
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{sid}.", dir=source_dir))
         self.dtype = np.dtype(dtype)
         self._out = open(self.tmp / TOKENS, "wb")
+        self._hash = hashlib.blake2b(digest_size=32)   # hashed as written: a shard is not read back
         self.tokens, self.ends = 0, []
 
     def append(self, ids: np.ndarray) -> None:
         """One document's ids (its end-of-document id included)."""
-        self._out.write(np.asarray(ids).astype(self.dtype).tobytes())
+        data = np.asarray(ids).astype(self.dtype).tobytes()
+        self._out.write(data)
+        self._hash.update(data)
         self.tokens += len(ids)
         self.ends.append(self.tokens)
 
@@ -109,7 +112,7 @@ class ShardWriter:
         np.save(self.tmp / OFFSETS, np.asarray([0, *self.ends], np.int64))
         manifest = {"format": FORMAT, "shard": self.final.name, "dtype": self.dtype.name,
                     "tokens": self.tokens, "documents": self.documents,
-                    "hashes": {n: file_hash(self.tmp / n) for n in (TOKENS, OFFSETS)}, **extra}
+                    "hashes": {TOKENS: self._hash.hexdigest(), OFFSETS: file_hash(self.tmp / OFFSETS)}, **extra}
         (self.tmp / MANIFEST).write_text(_dumps(manifest))
         try:
             os.rename(self.tmp, self.final)

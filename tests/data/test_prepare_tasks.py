@@ -190,3 +190,14 @@ def test_a_pool_worker_killed_mid_shard_and_a_rerun_give_the_uninterrupted_shard
     monkeypatch.delenv(prepare_tasks.KILL_VARIABLE)
     prepare.run_pool(prepare.plan(pooled), progress=False)
     assert fingerprint(pooled) == fingerprint(whole)
+
+
+def test_documents_keeps_the_documents_and_counts_the_rest(tmp_path):
+    from marin.data.documents import Counts, UnreadableSource, documents
+
+    _bad_corpus(tmp_path)
+    counts = Counts()
+    docs = list(documents("jsonl", [tmp_path / "in" / "a.jsonl"], "text", counts))
+    assert len(docs) == counts.documents == 31 and counts.corrupt == 4   # the huge one is a document here
+    with pytest.raises(UnreadableSource, match=r"reading failed at .*b.jsonl.gz:\d+"):
+        list(documents("jsonl", [tmp_path / "in" / "b.jsonl.gz"], "text", Counts()))
