@@ -6,7 +6,8 @@ into shards ``<group>-<part>`` (`marin.data.shards`), each ≤ `data.shard_token
 the first document that would not fit. A task is a list of groups (balanced by bytes); any number
 of tasks gives the same shards, and a source's index lists them in group then part order.
 
-Resuming: a group whose shards all verify is skipped; otherwise its tokenizing restarts at the
+Resuming: a group is made under a lock (`_group_lock`, flock), so two preparers of it take turns;
+a group whose shards all verify is skipped; otherwise its tokenizing restarts at the
 input record where its first missing (or damaged) shard began (each manifest records its records
 ``[start, end)``). The task that completes a source's last group writes its index.
 
@@ -16,6 +17,8 @@ task fails with `BadInput` naming the first bad record's file and line.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -163,8 +166,27 @@ class _Part:
                                    "counts": self.counts, "first_bad": self.first_bad, "last": last})
 
 
+@contextlib.contextmanager
+def _group_lock(src_dir: Path, group: int):
+    """Held while a group is checked and made: a second preparer of it waits, then finds it made
+    (and temporaries found under the lock are a dead preparer's). The kernel drops it when its
+    process dies; the file stays (unlinking a lock others may wait on would let two hold it)."""
+    src_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(src_dir / f".lock-{group:06d}", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
 def run_group(plan: Plan, s: int, g: int, tok, progress=None) -> list[dict]:
     """The manifests of group `g` of source `s`: its verified shards kept, the rest made now."""
+    with _group_lock(Path(plan.sources[s].dir), g):
+        return _run_group(plan, s, g, tok, progress)
+
+
+def _run_group(plan: Plan, s: int, g: int, tok, progress) -> list[dict]:
     source = plan.sources[s]
     src_dir = Path(source.dir)
     done, start, complete = _existing(src_dir, g)

@@ -14,7 +14,8 @@ A source's folder (``<cache>/<key>/``) holds:
 
 A shard is written under a temporary name (``mkdtemp``: unique, created with O_EXCL), hashed, and
 renamed into place (atomic); a preparer that finds the name taken keeps the shard already there if
-it verifies. So two preparers at once never corrupt a shard, and a killed one leaves only a
+it verifies. So two preparers at once never corrupt a shard (`marin.data.prepare_tasks` also makes
+each group under a lock, so they do not repeat each other's work), and a killed one leaves only a
 temporary folder (removed by the next preparer of that shard).
 
 `ShardedSource` opens a source by reading its index alone; a shard's files are memory-mapped the
@@ -174,6 +175,8 @@ class _Tokens:
         return self.shape[0]
 
     def __getitem__(self, idx):
+        if len(self._s._token_starts) == 1:   # one shard: its memory map as it is
+            return self._s._shard(0)[0][idx]
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
         flat = np.asarray(idx, np.int64)

@@ -91,8 +91,8 @@ def test_a_task_killed_mid_shard_resumes_to_the_uninterrupted_result(tmp_path, m
         prepare.prepare(killed, progress=False)
     (src,) = prepare.plan(killed).sources
     folder = Path(src.dir)
-    kept = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    assert kept and shards.INDEX not in kept and not list(folder.glob(".*"))  # in-flight shard removed
+    kept = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))   # not locks, temporaries
+    assert kept and shards.INDEX not in kept and not list(folder.glob(".[0-9]*"))  # in-flight shard removed
     # damage one finished shard: the rerun redoes it too
     victim = folder / kept[0] / shards.TOKENS
     victim.write_bytes(b"\0" * victim.stat().st_size)
@@ -201,3 +201,18 @@ def test_documents_keeps_the_documents_and_counts_the_rest(tmp_path):
     assert len(docs) == counts.documents == 31 and counts.corrupt == 4   # the huge one is a document here
     with pytest.raises(UnreadableSource, match=r"reading failed at .*b.jsonl.gz:\d+"):
         list(documents("jsonl", [tmp_path / "in" / "b.jsonl.gz"], "text", Counts()))
+
+
+def test_two_preparers_at_once_make_the_uninterrupted_shards(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    corpus(tmp_path)
+    whole = _cfg(tmp_path, "whole")
+    prepare.prepare(whole, progress=False)
+    both = _cfg(tmp_path, "both", prepare_tasks=1)
+    p = prepare.plan(both)
+    with ProcessPoolExecutor(2) as pool:   # the same task twice, at the same time
+        for f in [pool.submit(prepare_tasks.run_task, p, 0) for _ in range(2)]:
+            f.result()
+    assert fingerprint(both) == fingerprint(whole)
+    assert not list(Path(p.sources[0].dir).glob(".[0-9]*"))   # no temporary left
