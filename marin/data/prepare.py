@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None, submit=None) -> int:
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
         argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
-                "(the same overrides as launch.py) into the cache training reads'"]
+                "(the same overrides as launch.py) into the sharded cache training reads: a local process pool, "
+                "or a Slurm job array (hardware.launcher slurm); dry_run=true prints the plan only'"]
     saved = sys.argv
     sys.argv = ["python -m marin.data.prepare", *argv]  # Hydra reads its arguments from here
     try:
