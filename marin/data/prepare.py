@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -179,7 +180,8 @@ def run_pool(p: Plan, progress: bool = True) -> None:
                 prepare_tasks.run_task(p, t)
                 bar.update(len(p.tasks[t]))
         else:
-            with ProcessPoolExecutor(workers) as pool:
+            # spawned, not forked: the caller may hold threads (JAX's, the tokenizer's) a fork would copy mid-lock
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(prepare_tasks.run_task, p, t): t for t in todo}
                 for f in as_completed(futures):
                     f.result()
