@@ -103,8 +103,6 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
 def plan(cfg, here: bool = True) -> Plan:
     """The preparation plan of `cfg` (its eval subsets applied), tasks assigned."""
     cfg = with_eval_subsets(cfg)
-    if cfg.data.shard_tokens < 1:
-        raise UnreadableSource(f"data.shard_tokens must be ≥ 1, got {cfg.data.shard_tokens}")
     try:
         tok = load_tokenizer(cfg.data.tokenizer)
     except (OSError, ValueError):
@@ -146,10 +144,7 @@ def prepare_plan(p: Plan, progress: bool = True) -> None:
                     prepare_tasks.run_group(p, s, g, tok, bar.update)
                 except UnreadableSource as err:
                     raise type(err)(f"{source.field} ({source.name}): {err}") from err
-        try:
-            prepare_tasks.finalize(p, s)
-        except UnreadableSource as err:
-            raise UnreadableSource(f"{source.field} ({source.name}): {err}") from err
+        prepare_tasks.finalize(p, s)
 
 
 def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, Shard]]:
@@ -166,13 +161,13 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
 
 
 def run_pool(p: Plan, progress: bool = True) -> None:
-    """The plan's tasks in a process pool (one worker per task, at most the CPUs here), a bar of
-    the groups done; then every index (a source whose tasks all ran is indexed by its last)."""
+    """The plan's tasks in a process pool (a worker per task, at most the CPUs here), with a bar of
+    the groups done; then every index is checked (each task wrote those of the sources it completed)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm import tqdm
 
-    todo = [t for t in range(len(p.tasks))]
+    todo = range(len(p.tasks))
     workers = max(1, min(len(todo), os.cpu_count() or 1))
     with tqdm(total=len(p.units), desc="preparing", unit="group", disable=not progress, file=sys.stderr) as bar:
         if workers == 1:

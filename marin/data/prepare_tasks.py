@@ -233,7 +233,7 @@ def _run_group(plan: Plan, s: int, g: int, tok, progress) -> list[dict]:
 def finalize(plan: Plan, s: int) -> bool:
     """Write source `s`'s index if all its groups are complete; whether it is (now) indexed.
 
-    Raises `UnreadableSource` when the whole source holds no readable document."""
+    Raises `UnreadableSource`, naming the source's config field, when it holds no readable document."""
     source = plan.sources[s]
     src_dir = Path(source.dir)
     manifests = []
@@ -249,8 +249,8 @@ def finalize(plan: Plan, s: int) -> bool:
     corrupt = sum(counts.get(r, 0) for r in BAD_REASONS)
     if not any(m["documents"] for m in manifests):
         first = next((m["first_bad"] for m in manifests if m["first_bad"]), None)
-        raise UnreadableSource(f"the source is empty: no readable document ({corrupt} corrupt skipped)"
-                               f"{'; the first: ' + first if first else ''}")
+        raise UnreadableSource(f"{source.field} ({source.name}): the source is empty: no readable document "
+                               f"({corrupt} corrupt skipped){'; the first: ' + first if first else ''}")
     shards.write_index(src_dir, source.name, manifests,
                        {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
                         "corrupt": corrupt, "counts": counts})
@@ -274,10 +274,7 @@ def run_task(plan: Plan, task: int, progress=None) -> int:
         if s not in touched:
             touched.append(s)
     for s in touched:
-        try:
-            finalize(plan, s)
-        except UnreadableSource as err:
-            raise UnreadableSource(f"{plan.sources[s].field} ({plan.sources[s].name}): {err}") from err
+        finalize(plan, s)
     return tokens
 
 

@@ -216,3 +216,19 @@ def test_two_preparers_at_once_make_the_uninterrupted_shards(tmp_path):
             f.result()
     assert fingerprint(both) == fingerprint(whole)
     assert not list(Path(p.sources[0].dir).glob(".[0-9]*"))   # no temporary left
+
+
+def test_the_command_names_the_source_that_failed(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text('{"text": 1}\n{"broken\n')
+    source = f"{{name:a,kind:jsonl,paths:['{tmp_path}/in/a.jsonl'],weights:[1.0]}}"
+    common = [f"data.sources=[{source}]", "data.eval_sets=[]", f"data.cache_dir={tmp_path}/cache", "model=tiny"]
+    def error() -> str:   # stderr's error line (the progress bar shares stderr)
+        return next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+
+    assert prepare.main(common) == 2
+    assert error().startswith("error: data.sources[0] (a): 2 of 2 input records of shard 000000-0000 "
+                                              "are bad (malformed_json 1, not_text 1)")
+    assert prepare.main([*common, "data.max_bad_fraction=1.0"]) == 2
+    assert error().startswith("error: data.sources[0] (a): the source is empty: no readable document "
+                                              "(2 corrupt skipped); the first: ")
