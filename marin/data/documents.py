@@ -1,13 +1,14 @@
-"""Documents of a source, read from its files: a corrupt document is skipped and counted.
+"""Records of a source, read from its files: each a document or the reason it is not one.
 
 - ``text``: one document per file (UTF-8; ``.gz`` is decompressed).
 - ``jsonl``: one JSON object per line, its `text_field` is the document (``.gz`` too).
 - ``parquet``: one document per row of the `text_field` column.
 - ``builtin``: see `marin.data.builtin`.
 
-A file that cannot be opened at all is an error (`UnreadableSource`); a document that cannot be
-decoded (bad UTF-8, bad JSON, a missing or non-string field, a null) is counted in
-`Counts.corrupt` and skipped.
+`records` yields every record with its file and line; a bad one (`BAD_REASONS`: a file that cannot
+be read on, bad UTF-8, bad JSON, a missing `text_field`, a null or a number) carries its reason
+and no text, and reading goes on (`marin.data.prepare_tasks` counts them per shard). `documents`
+keeps only the documents, counting the rest in `Counts.corrupt`.
 """
 from __future__ import annotations
 
@@ -37,77 +38,101 @@ def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _text(files: list[Path], counts: Counts) -> Iterator[str]:
-    for path in files:
-        with _open(path) as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            counts.corrupt += 1
-            continue
-        if text.strip():
-            yield text
+@dataclass(frozen=True)
+class Record:
+    """One input record of a source, good or bad: `text` is the document (None when bad), `reason`
+    why it is not one (`BAD_REASONS`, or ``empty``: whitespace only, skipped and not bad), `where`
+    its file and line (row of a Parquet file, 0: the whole file) for messages."""
+    number: int
+    where: str
+    text: str | None
+    reason: str | None = None
 
 
-def _jsonl(files: list[Path], field: str, counts: Counts) -> Iterator[str]:
-    for path in files:
-        with _open(path) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)[field]
-                except (ValueError, KeyError, TypeError, IndexError):  # bad UTF-8 is a ValueError
-                    value = None
-                if not isinstance(value, str):
-                    counts.corrupt += 1
-                    continue
-                if value.strip():
-                    yield value
+BAD_REASONS = ("unreadable", "invalid_utf8", "malformed_json", "missing_field", "not_text", "huge")
 
 
-def _parquet(files: list[Path], field: str, counts: Counts) -> Iterator[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _file_records(kind: str, path: Path, field: str) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line, text, reason) of one file; a file that cannot be read (any more) ends in one
+    ``unreadable`` record."""
+    line = 0
+    try:
+        if kind == "text":
+            with _open(path) as f:
+                raw = f.read()
+            try:
+                yield 1, raw.decode("utf-8"), None
+            except UnicodeDecodeError:
+                yield 1, None, "invalid_utf8"
+        elif kind == "jsonl":
+            with _open(path) as f:
+                for line, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        obj = json.loads(raw.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        yield line, None, "invalid_utf8"
+                        continue
+                    except ValueError:
+                        yield line, None, "malformed_json"
+                        continue
+                    if not isinstance(obj, dict) or field not in obj:
+                        yield line, None, "missing_field"
+                    elif not isinstance(obj[field], str):
+                        yield line, None, "not_text"
+                    else:
+                        yield line, obj[field], None
+        elif kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
 
-    for path in files:
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as err:
-            raise UnreadableSource(f"{path} is not a readable Parquet file: {err}") from err
-        if field not in pf.schema_arrow.names:
-            raise UnreadableSource(f"{path} has no column {field!r} (columns: {pf.schema_arrow.names})")
-        try:
-            for batch in pf.iter_batches(columns=[field], batch_size=1024):
-                for value in batch.column(0).to_pylist():
-                    if not isinstance(value, str):
-                        counts.corrupt += 1
-                    elif value.strip():
-                        yield value
-        except (pa.ArrowException, OSError):
-            counts.corrupt += 1  # a damaged row group: the rest of this file is lost, not the run
+            try:
+                pf = pq.ParquetFile(path)
+                if field not in pf.schema_arrow.names:
+                    yield 0, None, "missing_field"
+                    return
+                for batch in pf.iter_batches(columns=[field], batch_size=1024):
+                    for value in batch.column(0).to_pylist():
+                        line += 1
+                        yield line, value, None if isinstance(value, str) else "not_text"
+            except (pa.ArrowException, OSError):
+                yield line + 1, None, "unreadable"
+        else:
+            raise ValueError(f"unknown source kind {kind!r}")
+    except (OSError, EOFError):  # EOFError: a truncated .gz
+        yield line + 1, None, "unreadable"
+
+
+def records(kind: str, inputs, text_field: str) -> Iterator[Record]:
+    """Every record of `inputs` (files, or built-in locations for ``builtin``), numbered from 0 in
+    a fixed order: what a shard of a group of inputs is made of (`marin.data.prepare`)."""
+    number = 0
+    for item in inputs:
+        if kind == "builtin":
+            rows = ((i + 1, d, None) for i, d in enumerate(builtin.documents(item)))
+        else:
+            rows = _file_records(kind, Path(item), text_field)
+        for line, text, reason in rows:
+            if reason is None and not text.strip():
+                reason, text = "empty", None
+            yield Record(number, f"{item}:{line}", text if reason is None else None, reason)
+            number += 1
 
 
 def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
               builtin_locations=()) -> Iterator[str]:
-    """Every readable document of a source, in a fixed order; `counts` is updated as they go."""
-    if kind == "builtin":
-        docs = (d for loc in builtin_locations for d in builtin.documents(loc))
-    elif kind == "text":
-        docs = _text(files, counts)
-    elif kind == "jsonl":
-        docs = _jsonl(files, text_field, counts)
-    elif kind == "parquet":
-        docs = _parquet(files, text_field, counts)
-    else:
-        raise ValueError(f"unknown source kind {kind!r}")
-    try:
-        for doc in docs:
+    """Every readable document of a source, in a fixed order; `counts` is updated as they go (a
+    bad record counted in `corrupt`, an empty one skipped); a file that cannot be read (on) raises
+    `UnreadableSource`. `marin.data.prepare` reads `records` instead, to count each reason."""
+    for rec in records(kind, builtin_locations if kind == "builtin" else files, text_field):
+        if rec.reason == "unreadable":
+            raise UnreadableSource(f"reading failed at {rec.where}")
+        if rec.text is not None:
             counts.documents += 1
-            yield doc
-    except (OSError, EOFError) as err:  # EOFError: a truncated .gz
-        raise UnreadableSource(f"reading failed: {err}") from err
+            yield rec.text
+        elif rec.reason != "empty":
+            counts.corrupt += 1
 
 
 def eval_subsets(eval_set, root: Path) -> list:
