@@ -1,6 +1,7 @@
-"""Tokenizer throughput per core, and preparation against it (issue 41 items 1 and 4).
+"""Tokenizer throughput per core, and preparation against it (issue 41 items 1 and 4; not named
+tokenize.py: a script's folder heads sys.path, and the standard library imports `tokenize`).
 
-    python benchmarks/tokenize.py [--tokenizer PATH] [--cores N] [--prepare] [--out FILE]
+    python benchmarks/tokenizer_rate.py [--tokenizer PATH] [--cores N] [--prepare] [--out FILE]
 
 1. Encodes the built-in training text (`marin.data.builtin`, ≈ 8 M characters) with batch encoding,
    in fresh processes: the `tokenizers` library's parallelism off (TOKENIZERS_PARALLELISM=false:
