@@ -365,3 +365,9 @@ def group_lrs(cfg: Config) -> dict[str, float]:
     if o.name == "muonh":
         return {"muonh": o.muonh_lr_ratio * o.lr, "adamh": o.muonh_lr_ratio * o.lr, "adam": o.lr}
     return {"adamw": o.lr}
+
+
+def preparation_hours(tokens: float, tokens_per_core_s: float, cores: int) -> float:
+    """Wall hours to tokenize `tokens` on `cores` cores at a measured per-core rate (the data
+    preparation plan, `marin.data.prepare_tasks`)."""
+    return tokens / (tokens_per_core_s * max(cores, 1)) / 3600.0

@@ -189,6 +189,17 @@ class DataConfig:
         "chunk shuffled alone", range=count(0))
     eval_sets: List[EvalSetConfig] = setting(factory=list)
     cache_dir: Optional[str] = setting(None, "token cache; default <run.out_dir>/cache/tokens")
+    shard_tokens: int = setting(2**31 - 1, "most tokens in one cache shard (marin.data.shards; 2³¹ − 1: config "
+                                "integers are int32); a document longer is skipped and counted as huge",
+                                range=count(1))
+    max_bad_fraction: float = setting(0.001, "bad input records (unreadable, invalid UTF-8, malformed JSON, missing "
+                                      "field, huge) a shard tolerates, as a fraction of its records; beyond it "
+                                      "preparation fails naming the file and line", range=FRACTION)
+    prepare_tasks: int = setting(0, "tasks of python -m marin.data.prepare (a process pool locally, a Slurm array "
+                                 "on Slurm); 0 = auto: the CPUs here, or one per file group up to 1,000 on Slurm",
+                                 range=count(0))
+    tokens_per_core_s: float = setting(1.0e6, "tokenizer throughput per core, tokens/s, for the preparation plan's "
+                                       "hours (benchmarks/tokenize.py measures it)", range=POSITIVE)
 
 
 @dataclass

@@ -110,6 +110,88 @@ def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
         raise UnreadableSource(f"reading failed: {err}") from err
 
 
+@dataclass(frozen=True)
+class Record:
+    """One input record of a source, good or bad: `text` is the document (None when bad), `reason`
+    why it is not one (`BAD_REASONS`, or ``empty``: whitespace only, skipped and not bad), `where`
+    its file and line (row of a Parquet file, 0: the whole file) for messages."""
+    number: int
+    where: str
+    text: str | None
+    reason: str | None = None
+
+
+BAD_REASONS = ("unreadable", "invalid_utf8", "malformed_json", "missing_field", "not_text", "huge")
+
+
+def _file_records(kind: str, path: Path, field: str) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line, text, reason) of one file; a file that cannot be read (any more) ends in one
+    ``unreadable`` record."""
+    line = 0
+    try:
+        if kind == "text":
+            with _open(path) as f:
+                raw = f.read()
+            try:
+                yield 1, raw.decode("utf-8"), None
+            except UnicodeDecodeError:
+                yield 1, None, "invalid_utf8"
+        elif kind == "jsonl":
+            with _open(path) as f:
+                for line, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        obj = json.loads(raw.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        yield line, None, "invalid_utf8"
+                        continue
+                    except ValueError:
+                        yield line, None, "malformed_json"
+                        continue
+                    if not isinstance(obj, dict) or field not in obj:
+                        yield line, None, "missing_field"
+                    elif not isinstance(obj[field], str):
+                        yield line, None, "not_text"
+                    else:
+                        yield line, obj[field], None
+        elif kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                pf = pq.ParquetFile(path)
+                if field not in pf.schema_arrow.names:
+                    yield 0, None, "missing_field"
+                    return
+                for batch in pf.iter_batches(columns=[field], batch_size=1024):
+                    for value in batch.column(0).to_pylist():
+                        line += 1
+                        yield line, value, None if isinstance(value, str) else "not_text"
+            except (pa.ArrowException, OSError):
+                yield line + 1, None, "unreadable"
+        else:
+            raise ValueError(f"unknown source kind {kind!r}")
+    except (OSError, EOFError):  # EOFError: a truncated .gz
+        yield line + 1, None, "unreadable"
+
+
+def records(kind: str, inputs, text_field: str) -> Iterator[Record]:
+    """Every record of `inputs` (files, or built-in locations for ``builtin``), numbered from 0 in
+    a fixed order: what a shard of a group of inputs is made of (`marin.data.prepare`)."""
+    number = 0
+    for item in inputs:
+        if kind == "builtin":
+            rows = ((i + 1, d, None) for i, d in enumerate(builtin.documents(item)))
+        else:
+            rows = _file_records(kind, Path(item), text_field)
+        for line, text, reason in rows:
+            if reason is None and not text.strip():
+                reason, text = "empty", None
+            yield Record(number, f"{item}:{line}", text if reason is None else None, reason)
+            number += 1
+
+
 def eval_subsets(eval_set, root: Path) -> list:
     """An eval set with `subsets` → one set per subset, named `<name>/<subset>`: the files its
     paths match, grouped by the first folder (or, directly there, the file's stem) below each

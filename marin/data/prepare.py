@@ -1,17 +1,20 @@
-"""Tokenize a mixture's sources once into cached shards; training reuses them.
+"""Tokenize a mixture's sources once into cached, sharded, verified caches; training reuses them.
 
     python -m marin.data.prepare [--config-dir DIR] [group=option ...] [key=value ...]
+    python -m marin.data.prepare data=mochi_hero hardware=slurm_cpu dry_run=true   # the plan only
 
 is a Hydra app composed exactly as `launch.py` is (the same conf/, schemas and named sweeps,
 ``--help``, ``--cfg job``, ``--config-dir``); it validates the config (one line per bad field,
-exit 2) and prepares every source and evaluation set, with a progress bar. The `Loader` calls the
-same `prepare_source`, so training without this step works too: it just tokenizes first.
+exit 2), plans the work (`marin.data.prepare_tasks`: sources → file groups → tasks, with estimated
+tokens, shards and hours) and runs it: locally in a process pool (`data.prepare_tasks`, default the
+CPUs here) with a progress bar, on Slurm (a hardware with ``launcher: slurm``) as one submitit job
+array (`marin.launch.prepare_array`, the launch layer: this module's ``__main__`` hands the command
+line to `marin.launch.prepare`). ``dry_run=true`` prints the plan and writes nothing. The `Loader`
+calls `prepare`, so training without this step works too: it tokenizes what is missing first.
 
-One shard per source, under ``<cache>/<key>/`` where the key hashes the tokenizer, the source's
-kind and field, and its files (path, size, modification time) or built-in text:
-``tokens.bin`` (flat uint16/uint32 ids, every document followed by the tokenizer's end-of-document
-id), ``offsets.npy`` (int64 start of each document, plus the end) and ``meta.json``. A shard is
-written to a temporary folder and renamed into place, so concurrent preparers never see half of one.
+Each source's cache is ``<cache>/<key>/`` (`marin.data.shards`: shards, manifests, an index), the
+key a hash of the tokenizer, `data.shard_tokens`, the source's kind and field, and its files
+(path, size, modification time) or built-in text. A rerun skips the shards whose manifests verify.
 """
 from __future__ import annotations
 
@@ -20,40 +23,24 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from marin.config import derive
 from marin.config.paths import CONF_DIR
 from marin.config.store import name_options, register
 from marin.config.validate import ConfigError, load
-from marin.data import builtin, mixture
-from marin.data.documents import Counts, UnreadableSource, documents, eval_subsets
-from marin.data.tokenizers import load_tokenizer, token_dtype
+from marin.data import builtin, mixture, prepare_tasks
+from marin.data.documents import UnreadableSource, eval_subsets, records
+from marin.data.prepare_tasks import Plan, SourcePlan
+from marin.data.shards import ShardedSource, read_index
+from marin.data.tokenizers import load_tokenizer
 from marin.model.accounting import offload_estimate  # resolves offload `auto` (pure Python)
 
 log = logging.getLogger("marin.data")
-FORMAT_VERSION = 1
-BATCH_CHARS = 4_000_000  # characters handed to the tokenizer at once
-
-
-@dataclass
-class Shard:
-    """A prepared source: its tokens (memory-mapped) and document boundaries."""
-    name: str
-    path: Path
-    tokens: np.ndarray   # [n] uint16 | uint32, memory-mapped
-    offsets: np.ndarray  # [docs + 1] int64
-    documents: int
-    corrupt: int
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.shape[0])
+FORMAT_VERSION = 2
+SAMPLE_CHARS = 1_000_000   # text tokenized to estimate a source's tokens
+Shard = ShardedSource      # a prepared source, as the loader knows it
 
 
 def cache_dir(cfg) -> Path:
@@ -74,108 +61,191 @@ def _files(kind: str, paths, root: Path) -> list[Path]:
     return files
 
 
-def source_key(kind: str, paths, text_field: str, tokenizer, root: Path) -> str:
-    """Hash of what the shard's content depends on (changes when any file changes)."""
+def source_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int = 2**31) -> str:
+    """Hash of what the cache's content depends on (changes when any file changes)."""
     if kind == "builtin":
         content = [builtin.fingerprint(loc) for loc in paths]
     else:
         content = [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in _files(kind, paths, root)]
-    blob = json.dumps([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, content])
+    blob = json.dumps([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, content])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _load(name: str, path: Path) -> Shard:
-    meta = json.loads((path / "meta.json").read_text())
-    tokens = np.memmap(path / "tokens.bin", dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
-    offsets = np.load(path / "offsets.npy")
-    return Shard(name, path, tokens, offsets, meta["documents"], meta["corrupt"])
+def _entries(cfg):
+    """(field, name, kind, paths, text_field, tokens) of every source to prepare (weighted in some
+    phase) and every eval set; `cfg` has its eval subsets applied."""
+    out = [(s.field, s.name, s.kind, s.paths, s.text_field, s.tokens)
+           for s in mixture.sources(cfg) if any(w > 0 for w in s.weights)]
+    out += [(f"data.eval_sets[{i}]", e.name, e.kind, e.paths, e.text_field, None)
+            for i, e in enumerate(cfg.data.eval_sets)]
+    return out
 
 
-def _batches(docs, limit: int):
-    batch, size = [], 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc)
-        if size >= limit:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> SourcePlan:
+    """One source's plan; `here=False` (a dry run) tolerates files and tokenizer not on this machine."""
+    field, name, kind, paths, text_field, tokens = entry
+    limit = cfg.data.shard_tokens
+    try:
+        if kind == "builtin":
+            groups = [([loc], 0) for loc in paths]
+        else:
+            groups = prepare_tasks.group_files(_files(kind, paths, root), limit)
+        key = source_key(kind, paths, text_field, tok, root, limit) if tok is not None else "(tokenizer not here)"
+    except UnreadableSource as err:
+        if here:
+            raise UnreadableSource(f"{field} ({name}): {err}") from err
+        groups, key = [], "(files not here)"
+    return SourcePlan(field, name, kind, text_field, key, str(cache / key), [g for g, _ in groups],
+                      [b for _, b in groups], tokens)
 
 
-def prepare_source(name: str, kind: str, paths, text_field: str, tokenizer, root: Path,
-                   cache: Path, progress: bool = True) -> Shard:
-    """The shard of one source: from the cache, or tokenized now (and cached)."""
-    files = _files(kind, paths, root)
-    final = cache / source_key(kind, paths, text_field, tokenizer, root)
-    if (final / "meta.json").is_file():
-        return _load(name, final)
+def plan(cfg, here: bool = True) -> Plan:
+    """The preparation plan of `cfg` (its eval subsets applied), tasks assigned."""
+    cfg = with_eval_subsets(cfg)
+    if cfg.data.shard_tokens < 1:
+        raise UnreadableSource(f"data.shard_tokens must be ≥ 1, got {cfg.data.shard_tokens}")
+    try:
+        tok = load_tokenizer(cfg.data.tokenizer)
+    except (OSError, ValueError):
+        if here:
+            raise
+        tok = None
+    root, cache = mixture.data_root(cfg), cache_dir(cfg)
+    p = Plan(cfg.data.tokenizer, cfg.data.shard_tokens, cfg.data.max_bad_fraction,
+             [source_plan(cfg, e, tok, root, cache, here) for e in _entries(cfg)])
+    prepare_tasks.assign(p, task_count(cfg, p))
+    return p
+
+
+def task_count(cfg, p: Plan) -> int:
+    if cfg.data.prepare_tasks:
+        return cfg.data.prepare_tasks
+    if cfg.hardware.launcher == "slurm":
+        return min(len(p.units), prepare_tasks.AUTO_SLURM_TASKS)
+    return os.cpu_count() or 1
+
+
+def _open_all(p: Plan) -> list[ShardedSource]:
+    return [ShardedSource.open(s.name, Path(s.dir)) for s in p.sources]
+
+
+def prepare_plan(p: Plan, progress: bool = True) -> None:
+    """Every source of `p` not indexed yet, tokenized in this process (the loader's path)."""
     from tqdm import tqdm
 
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=cache))
-    counts, offsets, total = Counts(), [0], 0
-    dtype = token_dtype(tokenizer.vocab_size)
-    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    bar = tqdm(desc=f"tokenizing {name}", unit="tok", unit_scale=True, disable=not progress,
-               file=sys.stderr, mininterval=0.5)
-    try:
-        with open(tmp / "tokens.bin", "wb") as out:
-            docs = documents(kind, files, text_field, counts, builtin_locations=paths)
-            for batch in _batches(docs, BATCH_CHARS):
-                encoded = [np.concatenate([ids, np.asarray(eos, np.uint32)]) for ids in tokenizer.encode_batch(batch)]
-                lengths = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
-                offsets.extend((total + np.cumsum(lengths)).tolist())
-                total += int(lengths.sum())
-                out.write(np.concatenate(encoded).astype(dtype).tobytes())
-                bar.update(int(lengths.sum()))
-        bar.close()
-        if counts.documents == 0:
-            raise UnreadableSource(f"the source is empty: no readable document ({counts.corrupt} "
-                                   "corrupt skipped)")
-        np.save(tmp / "offsets.npy", np.asarray(offsets, np.int64))
-        meta = {"name": name, "kind": kind, "paths": list(paths), "files": [str(f) for f in files],
-                "tokenizer": tokenizer.fingerprint, "dtype": np.dtype(dtype).name, "tokens": total,
-                "documents": counts.documents, "corrupt": counts.corrupt, "version": FORMAT_VERSION}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    tok = None
+    for s, source in enumerate(p.sources):
+        if read_index(Path(source.dir)) is not None:
+            continue
+        tok = tok or load_tokenizer(p.tokenizer)
+        with tqdm(desc=f"tokenizing {source.name}", unit="tok", unit_scale=True, disable=not progress,
+                  file=sys.stderr, mininterval=0.5) as bar:
+            for g in range(len(source.groups)):
+                try:
+                    prepare_tasks.run_group(p, s, g, tok, bar.update)
+                except UnreadableSource as err:
+                    raise type(err)(f"{source.field} ({source.name}): {err}") from err
         try:
-            os.rename(tmp, final)
-        except OSError:  # another process renamed its copy first: keep that one
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if counts.corrupt:
-        log.warning("source %s: skipped %d corrupt document(s) of %d", name, counts.corrupt,
-                    counts.corrupt + counts.documents)
-    return _load(name, final)
+            prepare_tasks.finalize(p, s)
+        except UnreadableSource as err:
+            raise UnreadableSource(f"{source.field} ({source.name}): {err}") from err
 
 
 def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, Shard]]:
-    """Shards of every source (None for one with zero weight in every phase) and eval set.
+    """Prepared sources of every source (None for one with zero weight in every phase) and eval set.
 
-    Raises `UnreadableSource` naming the config field of a source that cannot be used.
-    """
+    Raises `UnreadableSource` naming the config field of a source that cannot be used."""
     cfg = with_eval_subsets(cfg)
-    tok = load_tokenizer(cfg.data.tokenizer)
-    root, cache = mixture.data_root(cfg), cache_dir(cfg)
-
-    def one(field, name, kind, paths, text_field):
-        try:
-            return prepare_source(name, kind, paths, text_field, tok, root, cache, progress)
-        except UnreadableSource as err:
-            raise UnreadableSource(f"{field} ({name}): {err}") from err
-
-    shards = [one(s.field, s.name, s.kind, s.paths, s.text_field) if any(w > 0 for w in s.weights) else None
-              for s in mixture.sources(cfg)]
-    evals = {e.name: one(f"data.eval_sets[{i}]", e.name, e.kind, e.paths, e.text_field)
-             for i, e in enumerate(cfg.data.eval_sets)}
+    p = plan(cfg)
+    prepare_plan(p, progress)
+    opened = iter(_open_all(p))
+    shards = [next(opened) if any(w > 0 for w in s.weights) else None for s in mixture.sources(cfg)]
+    evals = {e.name: next(opened) for e in cfg.data.eval_sets}
     return shards, evals
 
 
-def run(composed) -> int:
-    """Validate a composed config and prepare its data; the exit status."""
+def run_pool(p: Plan, progress: bool = True) -> None:
+    """The plan's tasks in a process pool (one worker per task, at most the CPUs here), a bar of
+    the groups done; then every index (a source whose tasks all ran is indexed by its last)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    todo = [t for t in range(len(p.tasks))]
+    workers = max(1, min(len(todo), os.cpu_count() or 1))
+    with tqdm(total=len(p.units), desc="preparing", unit="group", disable=not progress, file=sys.stderr) as bar:
+        if workers == 1:
+            for t in todo:
+                prepare_tasks.run_task(p, t)
+                bar.update(len(p.tasks[t]))
+        else:
+            with ProcessPoolExecutor(workers) as pool:
+                futures = {pool.submit(prepare_tasks.run_task, p, t): t for t in todo}
+                for f in as_completed(futures):
+                    f.result()
+                    bar.update(len(p.tasks[futures[f]]))
+    for s in range(len(p.sources)):
+        prepare_tasks.finalize(p, s)
+
+
+def estimate_tokens(source: SourcePlan, tok) -> tuple[float | None, str]:
+    """A source's tokens, and how they were found: its configured `tokens`; else its records from
+    the first file on, tokenized up to `SAMPLE_CHARS` (all of a smaller source: exact; a built-in
+    source: all of it), scaled by its bytes on disk (compressed files: a lower bound)."""
+    if source.tokens:
+        return float(source.tokens), "configured"
+    if tok is None or not source.groups:
+        return None, "unknown"
+    texts, chars = [], 0
+    for rec in records(source.kind, [f for g in source.groups for f in g], source.text_field):
+        if chars >= SAMPLE_CHARS and source.kind != "builtin":
+            break
+        if rec.text is not None:
+            texts.append(rec.text)
+            chars += len(rec.text.encode())
+    else:
+        return float(_tokens(tok, texts)), "all of it"
+    return _tokens(tok, texts) / chars * sum(source.group_bytes), f"sample of {chars:,} bytes"
+
+
+def _tokens(tok, texts) -> int:
+    return sum(len(ids) + (tok.eos_id is not None) for ids in tok.encode_batch(texts))
+
+
+def describe(p: Plan, cfg, out=None) -> None:
+    """The plan, as a dry run prints it (to `out`, default stdout)."""
+    out = out or sys.stdout
+    try:
+        tok = load_tokenizer(p.tokenizer)
+    except (OSError, ValueError):
+        tok = None
+    rate, cpus = cfg.data.tokens_per_core_s, cfg.hardware.cpus_per_task
+    total_tokens, total_shards = 0.0, 0
+    print(f"{'source':<24} {'files':>7} {'bytes':>16} {'est. tokens':>18} {'shards':>7}  estimate", file=out)
+    for s in p.sources:
+        tokens, how = estimate_tokens(s, tok)
+        n = prepare_tasks.estimated_shards(s, tokens, p.shard_tokens)
+        files = f"{sum(len(g) for g in s.groups):,}" if s.groups and s.kind != "builtin" else "-"
+        total_tokens += tokens or 0
+        total_shards += n
+        shown = f"{tokens:,.0f}" if tokens is not None else "?"
+        print(f"{s.name:<24} {files:>7} {sum(s.group_bytes):>16,} {shown:>18} {n:>7,}  {how}", file=out)
+    tasks = len(p.tasks) or (cfg.data.prepare_tasks or min(total_shards, prepare_tasks.AUTO_SLURM_TASKS))
+    where = "a Slurm array" if cfg.hardware.launcher == "slurm" else "a local process pool"
+    cores = tasks * (cpus if cfg.hardware.launcher == "slurm" else 1)
+    hours = derive.preparation_hours(total_tokens, rate, cores)
+    print(f"total: {len(p.sources)} sources, {total_tokens:,.0f} tokens (est.), {total_shards:,} shards of ≤ "
+          f"{p.shard_tokens:,} tokens, {len(p.units):,} file groups", file=out)
+    print(f"run: {tasks:,} tasks on {where}, {cores:,} cores at {rate:,.0f} tokens/s per core "
+          f"(data.tokens_per_core_s): {derive.preparation_hours(total_tokens, rate, 1):,.1f} core-hours, "
+          f"{hours:,.2f} hours", file=out)
+    print(f"cache: {cache_dir(cfg)}", file=out)
+
+
+def run(composed, submit=None) -> int:
+    """Validate a composed config, plan and prepare its data; the exit status. `submit(cfg, plan)`
+    runs the plan on a Slurm hardware (the launch layer's job array) and returns whether every
+    source is now indexed (False: the array runs on, nothing to print yet)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s] %(message)s")
     try:
@@ -183,22 +253,38 @@ def run(composed) -> int:
     except ConfigError as err:
         print("\n".join(f"error: {n}: {m}" for n, m in err.problems), file=sys.stderr)
         return 2
+    dry = bool(cfg.dry_run)
     try:
-        shards, evals = prepare(cfg)
+        p = plan(cfg, here=not dry)
+        if dry:
+            describe(p, cfg)
+            return 0
+        if cfg.hardware.launcher == "slurm":
+            if submit is None:
+                print(f"error: hardware={cfg.hardware.name} submits a Slurm array: run python -m marin.data.prepare "
+                      "(or marin.launch.prepare), not this function without `submit`", file=sys.stderr)
+                return 2
+            if not submit(cfg, p):
+                return 0
+        else:
+            run_pool(p)
+        cfg = with_eval_subsets(cfg)
+        opened = {s.name: s for s in _open_all(p)}
     except UnreadableSource as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    epochs = mixture.epochs_per_source(cfg, {s.name: s.num_tokens for s in shards if s})
-    print(f"{'source':<28} {'documents':>10} {'corrupt':>8} {'tokens':>14} {'epochs':>7}  cache")
-    for s in [*(s for s in shards if s), *evals.values()]:
-        e = f"{sum(epochs[s.name]):.2f}" if s.name in epochs else "eval"
-        print(f"{s.name:<28} {s.documents:>10,} {s.corrupt:>8,} {s.num_tokens:>14,} {e:>7}  {s.path}")
+    epochs = mixture.epochs_per_source(cfg, {n: s.num_tokens for n, s in opened.items()})
+    print(f"{'source':<28} {'documents':>10} {'corrupt':>8} {'tokens':>14} {'shards':>6} {'epochs':>7}  cache")
+    for name, s in opened.items():
+        e = f"{sum(epochs[name]):.2f}" if name in epochs else "eval"
+        print(f"{name:<28} {s.documents:>10,} {s.corrupt:>8,} {s.num_tokens:>14,} {len(s.shard_ids):>6} {e:>7}  {s.path}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, submit=None) -> int:
     """The Hydra app on `argv` (default: the command line); returns the exit status. Hydra's
-    own composition errors (an unknown option or key) exit as they do for `launch.py`."""
+    own composition errors (an unknown option or key) exit as they do for `launch.py`. `submit`:
+    see `run` (`marin.launch.prepare` passes the Slurm array's)."""
     import hydra
 
 
@@ -214,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     def app(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices))
+        status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices), submit)
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
         argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
@@ -239,4 +325,8 @@ def with_eval_subsets(cfg):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The command runs at the tool layer, which adds Slurm submission (marin.launch.prepare);
+    # run as a program, not imported, so this data module depends on nothing above it.
+    import runpy
+
+    runpy.run_module("marin.launch.prepare", run_name="__main__", alter_sys=True)

@@ -129,7 +129,8 @@ def test_a_corrupt_document_is_skipped_and_counted(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", ["good document"] * 10, corrupt_at=[4])
     with open(tmp_path / "a.jsonl", "ab") as f:
         f.write(b'{"text": "\xff\xfe bad utf-8"}\n{"other": "no text field"}\n{"text": 3}\n')
-    cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])])
+    cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])],
+                   max_bad_fraction=0.5)  # 4 of 14 records: tolerated only when allowed
     (shard,) = Loader(cfg, progress=False).shards
     assert (shard.documents, shard.corrupt) == (10, 4)
     assert shard.num_tokens == 10 * (len("good document") + 1)
@@ -138,10 +139,14 @@ def test_a_corrupt_document_is_skipped_and_counted(tmp_path):
 def test_a_source_with_only_corrupt_documents_fails_before_training(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": 1}\n{"broken\n')
     cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])])
+    with pytest.raises(ValueError, match=r"data.sources\[0\] \(a\): 2 of 2 input records of shard 000000-0000 "
+                                         r"are bad .*a.jsonl:1: not text"):  # over data.max_bad_fraction
+        Loader(cfg, progress=False)
+    cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])], max_bad_fraction=1.0)
     with pytest.raises(ValueError, match=r"data.sources\[0\] \(a\): the source is empty: no readable "
                                          r"document \(2 corrupt skipped\)"):
         Loader(cfg, progress=False)
-    assert not any((tmp_path / "cache").iterdir())  # no half-written shard left behind
+    assert not any(p.name == "index.json" for p in (tmp_path / "cache").rglob("*"))  # nothing listed
 
 
 def test_unknown_builtin_source_even_in_a_dry_run(files):

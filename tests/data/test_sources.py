@@ -25,7 +25,7 @@ def test_parquet_source(tmp_path):
     table = pa.table({"body": ["parquet row number %d. " % i * 5 for i in range(40)] + [None]})
     pq.write_table(table, tmp_path / "rows.parquet", row_group_size=8)
     cfg = resolved(tmp_path, [dict(name="pq", kind="parquet", paths=["*.parquet"], weights=[1.0],
-                                   text_field="body")])
+                                   text_field="body")], max_bad_fraction=0.05)  # 1 of 41 rows tolerated
     loader = Loader(cfg, progress=False)
     assert (loader.shards[0].documents, loader.shards[0].corrupt) == (40, 1)  # the null row
     assert "parquet row number" in decoded(loader.batch(0))
@@ -88,7 +88,7 @@ def test_prepared_shards_are_reused_until_a_file_changes(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ["first version"] * 10)
     cfg = resolved(tmp_path, [dict(name="a", kind="jsonl", paths=["a.jsonl"], weights=[1.0])])
     first = Loader(cfg, progress=False).shards[0]
-    (first.path / "meta.json").write_text((first.path / "meta.json").read_text().replace('"corrupt": 0', '"corrupt": 7'))
+    (first.path / "index.json").write_text((first.path / "index.json").read_text().replace('"corrupt": 0', '"corrupt": 7'))
     assert Loader(cfg, progress=False).shards[0].corrupt == 7  # read back, not tokenized again
     write_jsonl(path, ["second version, longer"] * 10)
     second = Loader(cfg, progress=False).shards[0]
