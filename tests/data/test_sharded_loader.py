@@ -64,3 +64,17 @@ def test_a_loader_opens_only_the_shards_its_rows_read(tmp_path, cfg):
         read = set(np.searchsorted(source._token_starts, ends.ravel(), side="right") - 1)
         assert set(source._open) == read  # the 2 rows of this process: a few of the 20 shards
     assert sum(len(s._open) for s in split) < sum(len(s.shard_ids) for s in split)
+
+
+def test_prepared_with_smaller_shards_the_batches_are_the_same(tmp_path, cfg):
+    """The same files prepared into one shard a source and into shards of ≤ 200 tokens."""
+    import dataclasses
+
+    small = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, shard_tokens=200))
+    one, many = Loader(cfg, progress=False), Loader(small, progress=False)
+    assert [len(s.shard_ids) for s in one.shards] == [1, 1]
+    assert all(len(s.shard_ids) > 5 for s in many.shards)
+    for step in (0, 1, 23):
+        a, b = one.batch(step), many.batch(step)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at step {step}")
