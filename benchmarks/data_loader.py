@@ -144,7 +144,7 @@ def synthetic_corpus(names: list[str], shards: int, documents: int, doc_tokens: 
         ids = [fmt.shard_id(k, 0) for k in range(shards)]
         for sid in ids:
             if not (folder / sid).exists():
-                (folder / sid).symlink_to(template, target_is_directory=True)
+                (folder / sid).symlink_to("../../template", target_is_directory=True)  # short: kept in the inode
         fmt.write_index(folder, name, [{**manifest, "shard": sid} for sid in ids], {"corrupt": 0})
     (root / "done").write_text("")
     return root
