@@ -1,13 +1,14 @@
-"""Documents of a source, read from its files: a corrupt document is skipped and counted.
+"""Records of a source, read from its files: each a document or the reason it is not one.
 
 - ``text``: one document per file (UTF-8; ``.gz`` is decompressed).
 - ``jsonl``: one JSON object per line, its `text_field` is the document (``.gz`` too).
 - ``parquet``: one document per row of the `text_field` column.
 - ``builtin``: see `marin.data.builtin`.
 
-A file that cannot be opened at all is an error (`UnreadableSource`); a document that cannot be
-decoded (bad UTF-8, bad JSON, a missing or non-string field, a null) is counted in
-`Counts.corrupt` and skipped.
+`records` yields every record with its file and line; a bad one (`BAD_REASONS`: a file that cannot
+be read on, bad UTF-8, bad JSON, a missing `text_field`, a null or a number) carries its reason
+and no text, and reading goes on (`marin.data.prepare_tasks` counts them per shard). `documents`
+keeps only the documents, counting the rest in `Counts.corrupt`.
 """
 from __future__ import annotations
 
@@ -35,79 +36,6 @@ class Counts:
 
 def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _text(files: list[Path], counts: Counts) -> Iterator[str]:
-    for path in files:
-        with _open(path) as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            counts.corrupt += 1
-            continue
-        if text.strip():
-            yield text
-
-
-def _jsonl(files: list[Path], field: str, counts: Counts) -> Iterator[str]:
-    for path in files:
-        with _open(path) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)[field]
-                except (ValueError, KeyError, TypeError, IndexError):  # bad UTF-8 is a ValueError
-                    value = None
-                if not isinstance(value, str):
-                    counts.corrupt += 1
-                    continue
-                if value.strip():
-                    yield value
-
-
-def _parquet(files: list[Path], field: str, counts: Counts) -> Iterator[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for path in files:
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as err:
-            raise UnreadableSource(f"{path} is not a readable Parquet file: {err}") from err
-        if field not in pf.schema_arrow.names:
-            raise UnreadableSource(f"{path} has no column {field!r} (columns: {pf.schema_arrow.names})")
-        try:
-            for batch in pf.iter_batches(columns=[field], batch_size=1024):
-                for value in batch.column(0).to_pylist():
-                    if not isinstance(value, str):
-                        counts.corrupt += 1
-                    elif value.strip():
-                        yield value
-        except (pa.ArrowException, OSError):
-            counts.corrupt += 1  # a damaged row group: the rest of this file is lost, not the run
-
-
-def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
-              builtin_locations=()) -> Iterator[str]:
-    """Every readable document of a source, in a fixed order; `counts` is updated as they go."""
-    if kind == "builtin":
-        docs = (d for loc in builtin_locations for d in builtin.documents(loc))
-    elif kind == "text":
-        docs = _text(files, counts)
-    elif kind == "jsonl":
-        docs = _jsonl(files, text_field, counts)
-    elif kind == "parquet":
-        docs = _parquet(files, text_field, counts)
-    else:
-        raise ValueError(f"unknown source kind {kind!r}")
-    try:
-        for doc in docs:
-            counts.documents += 1
-            yield doc
-    except (OSError, EOFError) as err:  # EOFError: a truncated .gz
-        raise UnreadableSource(f"reading failed: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -190,6 +118,21 @@ def records(kind: str, inputs, text_field: str) -> Iterator[Record]:
                 reason, text = "empty", None
             yield Record(number, f"{item}:{line}", text if reason is None else None, reason)
             number += 1
+
+
+def documents(kind: str, files: list[Path], text_field: str, counts: Counts,
+              builtin_locations=()) -> Iterator[str]:
+    """Every readable document of a source, in a fixed order; `counts` is updated as they go (a
+    bad record counted in `corrupt`, an empty one skipped); a file that cannot be read (on) raises
+    `UnreadableSource`. `marin.data.prepare` reads `records` instead, to count each reason."""
+    for rec in records(kind, builtin_locations if kind == "builtin" else files, text_field):
+        if rec.reason == "unreadable":
+            raise UnreadableSource(f"reading failed at {rec.where}")
+        if rec.text is not None:
+            counts.documents += 1
+            yield rec.text
+        elif rec.reason != "empty":
+            counts.corrupt += 1
 
 
 def eval_subsets(eval_set, root: Path) -> list:

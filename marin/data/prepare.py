@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -102,8 +103,6 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
 def plan(cfg, here: bool = True) -> Plan:
     """The preparation plan of `cfg` (its eval subsets applied), tasks assigned."""
     cfg = with_eval_subsets(cfg)
-    if cfg.data.shard_tokens < 1:
-        raise UnreadableSource(f"data.shard_tokens must be ≥ 1, got {cfg.data.shard_tokens}")
     try:
         tok = load_tokenizer(cfg.data.tokenizer)
     except (OSError, ValueError):
@@ -145,10 +144,7 @@ def prepare_plan(p: Plan, progress: bool = True) -> None:
                     prepare_tasks.run_group(p, s, g, tok, bar.update)
                 except UnreadableSource as err:
                     raise type(err)(f"{source.field} ({source.name}): {err}") from err
-        try:
-            prepare_tasks.finalize(p, s)
-        except UnreadableSource as err:
-            raise UnreadableSource(f"{source.field} ({source.name}): {err}") from err
+        prepare_tasks.finalize(p, s)
 
 
 def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, Shard]]:
@@ -165,13 +161,13 @@ def prepare(cfg, progress: bool = True) -> tuple[list[Shard | None], dict[str, S
 
 
 def run_pool(p: Plan, progress: bool = True) -> None:
-    """The plan's tasks in a process pool (one worker per task, at most the CPUs here), a bar of
-    the groups done; then every index (a source whose tasks all ran is indexed by its last)."""
+    """The plan's tasks in a process pool (a worker per task, at most the CPUs here), with a bar of
+    the groups done; then every index is checked (each task wrote those of the sources it completed)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm import tqdm
 
-    todo = [t for t in range(len(p.tasks))]
+    todo = range(len(p.tasks))
     workers = max(1, min(len(todo), os.cpu_count() or 1))
     with tqdm(total=len(p.units), desc="preparing", unit="group", disable=not progress, file=sys.stderr) as bar:
         if workers == 1:
@@ -179,7 +175,8 @@ def run_pool(p: Plan, progress: bool = True) -> None:
                 prepare_tasks.run_task(p, t)
                 bar.update(len(p.tasks[t]))
         else:
-            with ProcessPoolExecutor(workers) as pool:
+            # spawned, not forked: the caller may hold threads (JAX's, the tokenizer's) a fork would copy mid-lock
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(prepare_tasks.run_task, p, t): t for t in todo}
                 for f in as_completed(futures):
                     f.result()
@@ -304,7 +301,8 @@ def main(argv: list[str] | None = None, submit=None) -> int:
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
         argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
-                "(the same overrides as launch.py) into the cache training reads'"]
+                "(the same overrides as launch.py) into the sharded cache training reads: a local process pool, "
+                "or a Slurm job array (hardware.launcher slurm); dry_run=true prints the plan only'"]
     saved = sys.argv
     sys.argv = ["python -m marin.data.prepare", *argv]  # Hydra reads its arguments from here
     try:

@@ -6,7 +6,8 @@ into shards ``<group>-<part>`` (`marin.data.shards`), each ≤ `data.shard_token
 the first document that would not fit. A task is a list of groups (balanced by bytes); any number
 of tasks gives the same shards, and a source's index lists them in group then part order.
 
-Resuming: a group whose shards all verify is skipped; otherwise its tokenizing restarts at the
+Resuming: a group is made under a lock (`_group_lock`, flock), so two preparers of it take turns;
+a group whose shards all verify is skipped; otherwise its tokenizing restarts at the
 input record where its first missing (or damaged) shard began (each manifest records its records
 ``[start, end)``). The task that completes a source's last group writes its index.
 
@@ -16,6 +17,8 @@ task fails with `BadInput` naming the first bad record's file and line.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -98,11 +101,12 @@ def assign(plan: Plan, count: int) -> None:
 
 # ----------------------------------------------------------------------------------- one group
 
-def _existing(src_dir: Path, group: int) -> tuple[list[dict], int, bool]:
-    """The group's shards already made that verify, in order, until the first missing or damaged
-    one: (manifests, record to restart at, whether the group is complete)."""
+def _existing(src_dir: Path, group: int, full: bool = True) -> tuple[list[dict], int, bool]:
+    """The group's shards already made that verify (`full`: their hashes too, else their sizes),
+    in order, until the first missing or damaged one: (manifests, record to restart at, whether
+    the group is complete)."""
     done, part = [], 0
-    while (m := shards.verify_shard(src_dir / shards.shard_id(group, part))) is not None:
+    while (m := shards.verify_shard(src_dir / shards.shard_id(group, part), full)) is not None:
         done.append(m)
         if m["last"]:
             return done, m["records"][1], True
@@ -162,8 +166,27 @@ class _Part:
                                    "counts": self.counts, "first_bad": self.first_bad, "last": last})
 
 
+@contextlib.contextmanager
+def _group_lock(src_dir: Path, group: int):
+    """Held while a group is checked and made: a second preparer of it waits, then finds it made
+    (and temporaries found under the lock are a dead preparer's). The kernel drops it when its
+    process dies; the file stays (unlinking a lock others may wait on would let two hold it)."""
+    src_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(src_dir / f".lock-{group:06d}", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
 def run_group(plan: Plan, s: int, g: int, tok, progress=None) -> list[dict]:
     """The manifests of group `g` of source `s`: its verified shards kept, the rest made now."""
+    with _group_lock(Path(plan.sources[s].dir), g):
+        return _run_group(plan, s, g, tok, progress)
+
+
+def _run_group(plan: Plan, s: int, g: int, tok, progress) -> list[dict]:
     source = plan.sources[s]
     src_dir = Path(source.dir)
     done, start, complete = _existing(src_dir, g)
@@ -210,12 +233,12 @@ def run_group(plan: Plan, s: int, g: int, tok, progress=None) -> list[dict]:
 def finalize(plan: Plan, s: int) -> bool:
     """Write source `s`'s index if all its groups are complete; whether it is (now) indexed.
 
-    Raises `UnreadableSource` when the whole source holds no readable document."""
+    Raises `UnreadableSource`, naming the source's config field, when it holds no readable document."""
     source = plan.sources[s]
     src_dir = Path(source.dir)
     manifests = []
     for g in range(len(source.groups)):
-        done, _, complete = _existing(src_dir, g)
+        done, _, complete = _existing(src_dir, g, full=False)   # their tasks hashed them
         if not complete:
             return False
         manifests += done
@@ -226,8 +249,8 @@ def finalize(plan: Plan, s: int) -> bool:
     corrupt = sum(counts.get(r, 0) for r in BAD_REASONS)
     if not any(m["documents"] for m in manifests):
         first = next((m["first_bad"] for m in manifests if m["first_bad"]), None)
-        raise UnreadableSource(f"the source is empty: no readable document ({corrupt} corrupt skipped)"
-                               f"{'; the first: ' + first if first else ''}")
+        raise UnreadableSource(f"{source.field} ({source.name}): the source is empty: no readable document "
+                               f"({corrupt} corrupt skipped){'; the first: ' + first if first else ''}")
     shards.write_index(src_dir, source.name, manifests,
                        {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
                         "corrupt": corrupt, "counts": counts})
@@ -251,10 +274,7 @@ def run_task(plan: Plan, task: int, progress=None) -> int:
         if s not in touched:
             touched.append(s)
     for s in touched:
-        try:
-            finalize(plan, s)
-        except UnreadableSource as err:
-            raise UnreadableSource(f"{plan.sources[s].field} ({plan.sources[s].name}): {err}") from err
+        finalize(plan, s)
     return tokens
 
 

@@ -14,7 +14,8 @@ A source's folder (``<cache>/<key>/``) holds:
 
 A shard is written under a temporary name (``mkdtemp``: unique, created with O_EXCL), hashed, and
 renamed into place (atomic); a preparer that finds the name taken keeps the shard already there if
-it verifies. So two preparers at once never corrupt a shard, and a killed one leaves only a
+it verifies. So two preparers at once never corrupt a shard (`marin.data.prepare_tasks` also makes
+each group under a lock, so they do not repeat each other's work), and a killed one leaves only a
 temporary folder (removed by the next preparer of that shard).
 
 `ShardedSource` opens a source by reading its index alone; a shard's files are memory-mapped the
@@ -91,11 +92,14 @@ class ShardWriter:
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{sid}.", dir=source_dir))
         self.dtype = np.dtype(dtype)
         self._out = open(self.tmp / TOKENS, "wb")
+        self._hash = hashlib.blake2b(digest_size=32)   # hashed as written: a shard is not read back
         self.tokens, self.ends = 0, []
 
     def append(self, ids: np.ndarray) -> None:
         """One document's ids (its end-of-document id included)."""
-        self._out.write(np.asarray(ids).astype(self.dtype).tobytes())
+        data = np.asarray(ids).astype(self.dtype).tobytes()
+        self._out.write(data)
+        self._hash.update(data)
         self.tokens += len(ids)
         self.ends.append(self.tokens)
 
@@ -109,7 +113,7 @@ class ShardWriter:
         np.save(self.tmp / OFFSETS, np.asarray([0, *self.ends], np.int64))
         manifest = {"format": FORMAT, "shard": self.final.name, "dtype": self.dtype.name,
                     "tokens": self.tokens, "documents": self.documents,
-                    "hashes": {n: file_hash(self.tmp / n) for n in (TOKENS, OFFSETS)}, **extra}
+                    "hashes": {TOKENS: self._hash.hexdigest(), OFFSETS: file_hash(self.tmp / OFFSETS)}, **extra}
         (self.tmp / MANIFEST).write_text(_dumps(manifest))
         try:
             os.rename(self.tmp, self.final)
@@ -171,6 +175,8 @@ class _Tokens:
         return self.shape[0]
 
     def __getitem__(self, idx):
+        if len(self._s._token_starts) == 1:   # one shard: its memory map as it is
+            return self._s._shard(0)[0][idx]
         if isinstance(idx, slice):
             idx = np.arange(*idx.indices(len(self)))
         flat = np.asarray(idx, np.int64)

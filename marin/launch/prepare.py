@@ -6,7 +6,7 @@ into shards, then the index of every source it completed), each a single process
 `hardware.cpus_per_task` CPUs, with the hardware's partition, account, time limit and environment
 (`marin.launch.slurm.slurm_parameters`). Its logs and submissions are under
 ``<cache>/slurm/``. With ``wait=true`` the command follows the array and prints the prepared
-sources; otherwise it returns after submitting: the array's last task writes each index, and the
+sources (a bar counts the tasks ended); otherwise it returns after submitting: the array's last task writes each index, and the
 same command run again afterwards checks every shard and redoes what is missing.
 """
 from __future__ import annotations
@@ -52,6 +52,7 @@ def submit_array(cfg, plan) -> bool:
         print("its last task writes each source's index; run this command again afterwards to check every "
               "shard (and redo any a killed task lost)", flush=True)
         return False
+    _follow(jobs)
     failed = []
     for t, job in enumerate(jobs):
         try:
@@ -63,6 +64,17 @@ def submit_array(cfg, plan) -> bool:
     for s in range(len(plan.sources)):
         prepare_tasks.finalize(plan, s)
     return True
+
+
+def _follow(jobs, poll_s: float = 2.0) -> None:
+    """A bar of the array's tasks ended, until all have (submitit polls Slurm's accounting)."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(jobs), desc="array tasks ended", unit="task", file=sys.stderr) as bar:
+        while (ended := sum(job.done() for job in jobs)) < len(jobs):
+            bar.update(ended - bar.n)
+            time.sleep(poll_s)
+        bar.update(ended - bar.n)
 
 
 def main(argv: list[str] | None = None) -> int:

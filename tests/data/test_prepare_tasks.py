@@ -91,8 +91,8 @@ def test_a_task_killed_mid_shard_resumes_to_the_uninterrupted_result(tmp_path, m
         prepare.prepare(killed, progress=False)
     (src,) = prepare.plan(killed).sources
     folder = Path(src.dir)
-    kept = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    assert kept and shards.INDEX not in kept and not list(folder.glob(".*"))  # in-flight shard removed
+    kept = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))   # not locks, temporaries
+    assert kept and shards.INDEX not in kept and not list(folder.glob(".[0-9]*"))  # in-flight shard removed
     # damage one finished shard: the rerun redoes it too
     victim = folder / kept[0] / shards.TOKENS
     victim.write_bytes(b"\0" * victim.stat().st_size)
@@ -190,3 +190,45 @@ def test_a_pool_worker_killed_mid_shard_and_a_rerun_give_the_uninterrupted_shard
     monkeypatch.delenv(prepare_tasks.KILL_VARIABLE)
     prepare.run_pool(prepare.plan(pooled), progress=False)
     assert fingerprint(pooled) == fingerprint(whole)
+
+
+def test_documents_keeps_the_documents_and_counts_the_rest(tmp_path):
+    from marin.data.documents import Counts, UnreadableSource, documents
+
+    _bad_corpus(tmp_path)
+    counts = Counts()
+    docs = list(documents("jsonl", [tmp_path / "in" / "a.jsonl"], "text", counts))
+    assert len(docs) == counts.documents == 31 and counts.corrupt == 4   # the huge one is a document here
+    with pytest.raises(UnreadableSource, match=r"reading failed at .*b.jsonl.gz:\d+"):
+        list(documents("jsonl", [tmp_path / "in" / "b.jsonl.gz"], "text", Counts()))
+
+
+def test_two_preparers_at_once_make_the_uninterrupted_shards(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    corpus(tmp_path)
+    whole = _cfg(tmp_path, "whole")
+    prepare.prepare(whole, progress=False)
+    both = _cfg(tmp_path, "both", prepare_tasks=1)
+    p = prepare.plan(both)
+    with ProcessPoolExecutor(2) as pool:   # the same task twice, at the same time
+        for f in [pool.submit(prepare_tasks.run_task, p, 0) for _ in range(2)]:
+            f.result()
+    assert fingerprint(both) == fingerprint(whole)
+    assert not list(Path(p.sources[0].dir).glob(".[0-9]*"))   # no temporary left
+
+
+def test_the_command_names_the_source_that_failed(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text('{"text": 1}\n{"broken\n')
+    source = f"{{name:a,kind:jsonl,paths:['{tmp_path}/in/a.jsonl'],weights:[1.0]}}"
+    common = [f"data.sources=[{source}]", "data.eval_sets=[]", f"data.cache_dir={tmp_path}/cache", "model=tiny"]
+    def error() -> str:   # stderr's error line (the progress bar shares stderr)
+        return next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+
+    assert prepare.main(common) == 2
+    assert error().startswith("error: data.sources[0] (a): 2 of 2 input records of shard 000000-0000 "
+                                              "are bad (malformed_json 1, not_text 1)")
+    assert prepare.main([*common, "data.max_bad_fraction=1.0"]) == 2
+    assert error().startswith("error: data.sources[0] (a): the source is empty: no readable document "
+                                              "(2 corrupt skipped); the first: ")
