@@ -21,7 +21,9 @@ under outputs/bench/. A fresh process composes the hero (experiment=mochi_535b_a
 tokenizer: the ids do not matter), opens every source and builds process 0's `Loader` (of
 nodes × tasks_per_node processes), then reads its first batch. Printed per scale (shards per
 source × scale): seconds to the first batch, from the process's start, and its peak RSS.
-Targets: ≤ 2 s and ≤ 500 MB at every scale (start does not grow with the corpus).
+Targets: ≤ 2 s and ≤ 500 MB at every scale (start does not grow with the corpus). The opened
+sources are handed to the Loader (`prepared=`); --input-files N also times the planning that a
+Loader without them does first (`marin.data.prepare.plan`: a glob and a stat of every input file).
 """
 from __future__ import annotations
 
@@ -189,6 +191,9 @@ def start(argv) -> int:
     parser.add_argument("--documents", type=float, default=1e8, help="documents per source at scale 1")
     parser.add_argument("--doc-tokens", type=int, default=1000)
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument("--input-files", type=int, nargs="*", default=[],
+                        help="also time what training's `prepare(cfg)` does before it opens the sources: "
+                             "plan from this many (empty) input files a cell")
     args = parser.parse_args(argv)
     from marin.config.store import compose as compose_config
     from marin.config.validate import load
@@ -215,7 +220,34 @@ def start(argv) -> int:
               f"open {r['open_s']:.2f}, loader + batch {r['loader_s']:.2f}; {r['shards_opened']} shards mapped), "
               f"peak RSS {r['rss_mb']:.0f} MB (targets ≤ {START_SECONDS:g} s, ≤ {START_RSS_MB} MB): "
               f"{'OK' if good else 'OVER'}")
+    for files in args.input_files:
+        print(plan_time(files))
     return 0 if ok else 1
+
+
+def plan_time(files: int) -> str:
+    """`marin.data.prepare.plan` of the hero over `files` empty input files a cell (a glob and a stat
+    of each, in every training process: `Loader` without `prepared=`)."""
+    import tempfile
+
+    from marin.config.store import compose as compose_config
+    from marin.config.validate import load
+    from marin.data import mixture, prepare
+    from marin.model.accounting import offload_estimate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load(compose_config([*HERO, f"data.root={tmp}", f"data.cache_dir={tmp}/cache"]),
+                   memory=offload_estimate)[1]
+        for source in mixture.sources(cfg):
+            folder = Path(tmp) / "cells" / source.name
+            folder.mkdir(parents=True)
+            for i in range(files):
+                (folder / f"part-{i:05d}.parquet").touch()
+        began = time.perf_counter()
+        prepare.plan(cfg)
+        seconds = time.perf_counter() - began
+    total = files * len(mixture.sources(cfg))
+    return f"prepare.plan over {total:,} input files ({files} a cell): {seconds:.2f} s"
 
 
 if __name__ == "__main__":
