@@ -11,6 +11,19 @@
 
 If the training code cannot be imported, step 2 is skipped and the consumption to beat is
 printed as a formula of the step time.
+
+    python benchmarks/data_loader.py start [--sources 200] [--shards 1000] [--documents 1e8] [--scales 1 0.1]
+
+Start at the hero's scale (issue 41 item 3): a synthetic prepared corpus of --sources sources ×
+--shards shards holding --documents documents per source (each source's index is real; its shard
+folders are links to one template shard: a sparse tokens.bin and a real offsets.npy), built once
+under outputs/bench/. A fresh process composes the hero (experiment=mochi_535b_a23b, the byte
+tokenizer: the ids do not matter), opens every source and builds process 0's `Loader` (of
+nodes × tasks_per_node processes), then reads its first batch. Printed per scale (shards per
+source × scale): seconds to the first batch, from the process's start, and its peak RSS.
+Targets: ≤ 2 s and ≤ 500 MB at every scale (start does not grow with the corpus). The opened
+sources are handed to the Loader (`prepared=`); --input-files N also times the planning that a
+Loader without them does first (`marin.data.prepare.plan`: a glob and a stat of every input file).
 """
 from __future__ import annotations
 
@@ -23,6 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET = 20.0
+START_SECONDS, START_RSS_MB = 2.0, 500  # issue 41 item 3: whatever the corpus size
+CORPUS = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "loader-corpus"
+HERO = ["experiment=mochi_535b_a23b", "data.tokenizer=byte"]
 
 
 def compose(overrides: list[str]):
@@ -107,5 +123,136 @@ def main(argv=None) -> int:
     return 0 if ratio >= TARGET else 1
 
 
+def synthetic_corpus(names: list[str], shards: int, documents: int, doc_tokens: int) -> Path:
+    """The corpus folder (built on first use): per source an index of `shards` shards, each a link
+    to one template shard of documents / shards documents of `doc_tokens` tokens."""
+    import numpy as np
+
+    from marin.data import shards as fmt
+
+    per = documents // shards
+    root = CORPUS / f"{len(names)}x{shards}x{documents}x{doc_tokens}"
+    if (root / "done").is_file():
+        return root
+    template = root / "template"
+    template.mkdir(parents=True, exist_ok=True)
+    with open(template / fmt.TOKENS, "wb") as f:
+        f.truncate(per * doc_tokens * 2)  # sparse: uint16 zeros, no disk blocks
+    np.save(template / fmt.OFFSETS, np.arange(per + 1, dtype=np.int64) * doc_tokens)
+    manifest = {"format": fmt.FORMAT, "dtype": "uint16", "tokens": per * doc_tokens, "documents": per}
+    for name in names:
+        folder = root / "sources" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        ids = [fmt.shard_id(k, 0) for k in range(shards)]
+        for sid in ids:
+            if not (folder / sid).exists():
+                (folder / sid).symlink_to("../../template", target_is_directory=True)  # short: kept in the inode
+        fmt.write_index(folder, name, [{**manifest, "shard": sid} for sid in ids], {"corrupt": 0})
+    (root / "done").write_text("")
+    return root
+
+
+def start_child(root: str) -> int:
+    """In a fresh process: compose the hero, open the corpus, build the Loader, read a batch."""
+    import json
+    import resource
+
+    begin = time.perf_counter()
+    from marin.config.store import compose as compose_config
+    from marin.config.validate import load
+    from marin.data import mixture
+    from marin.data.loader import Loader
+    from marin.data.shards import ShardedSource
+    from marin.model.accounting import offload_estimate
+
+    cfg = load(compose_config(HERO), memory=offload_estimate)[1]
+    composed = time.perf_counter()
+    sources = [ShardedSource.open(s.name, Path(root) / "sources" / s.name) if any(w > 0 for w in s.weights)
+               else None for s in mixture.sources(cfg)]
+    opened = time.perf_counter()
+    processes = cfg.hardware.nodes * cfg.hardware.tasks_per_node
+    loader = Loader(cfg, 0, processes, progress=False, prepared=(sources, {}))
+    batch = loader.batch(0)
+    done = time.perf_counter()
+    print(json.dumps({"compose_s": composed - begin, "open_s": opened - composed, "loader_s": done - opened,
+                      "rows": int(batch["inputs"].shape[0]), "seq_len": cfg.train.seq_len, "processes": processes,
+                      "shards_opened": sum(len(s._open) for s in sources if s),
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    return 0
+
+
+def start(argv) -> int:
+    import json
+    import subprocess
+
+    parser = argparse.ArgumentParser(description="loader start on a synthetic corpus at the hero's scale")
+    parser.add_argument("--sources", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=1000, help="shards per source at scale 1")
+    parser.add_argument("--documents", type=float, default=1e8, help="documents per source at scale 1")
+    parser.add_argument("--doc-tokens", type=int, default=1000)
+    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument("--input-files", type=int, nargs="*", default=[],
+                        help="also time what training's `prepare(cfg)` does before it opens the sources: "
+                             "plan from this many (empty) input files a cell")
+    args = parser.parse_args(argv)
+    from marin.config.store import compose as compose_config
+    from marin.config.validate import load
+    from marin.data import mixture
+    from marin.model.accounting import offload_estimate
+
+    names = [s.name for s in mixture.sources(load(compose_config(HERO), memory=offload_estimate)[1])][:args.sources]
+    ok = True
+    for scale in args.scales:
+        shards, documents = max(1, round(args.shards * scale)), int(args.documents * scale)
+        root = synthetic_corpus(names, shards, documents, args.doc_tokens)
+        began = time.perf_counter()
+        out = subprocess.run([sys.executable, __file__, "start-child", str(root)], capture_output=True, text=True)
+        wall = time.perf_counter() - began
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        r = json.loads(out.stdout.splitlines()[-1])
+        good = wall <= START_SECONDS and r["rss_mb"] <= START_RSS_MB
+        ok &= good
+        print(f"{len(names)} sources × {shards} shards, {documents:,} documents and "
+              f"{documents * args.doc_tokens:,} tokens each: first batch ({r['rows']} rows × {r['seq_len']}, "
+              f"process 0 of {r['processes']}) {wall:.2f} s after the process started (compose {r['compose_s']:.2f}, "
+              f"open {r['open_s']:.2f}, loader + batch {r['loader_s']:.2f}; {r['shards_opened']} shards mapped), "
+              f"peak RSS {r['rss_mb']:.0f} MB (targets ≤ {START_SECONDS:g} s, ≤ {START_RSS_MB} MB): "
+              f"{'OK' if good else 'OVER'}")
+    for files in args.input_files:
+        print(plan_time(files))
+    return 0 if ok else 1
+
+
+def plan_time(files: int) -> str:
+    """`marin.data.prepare.plan` of the hero over `files` empty input files a cell (a glob and a stat
+    of each, in every training process: `Loader` without `prepared=`)."""
+    import tempfile
+
+    from marin.config.store import compose as compose_config
+    from marin.config.validate import load
+    from marin.data import mixture, prepare
+    from marin.model.accounting import offload_estimate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load(compose_config([*HERO, f"data.root={tmp}", f"data.cache_dir={tmp}/cache"]),
+                   memory=offload_estimate)[1]
+        for source in mixture.sources(cfg):
+            folder = Path(tmp) / "cells" / source.name
+            folder.mkdir(parents=True)
+            for i in range(files):
+                (folder / f"part-{i:05d}.parquet").touch()
+        began = time.perf_counter()
+        prepare.plan(cfg)
+        seconds = time.perf_counter() - began
+    total = files * len(mixture.sources(cfg))
+    return f"prepare.plan over {total:,} input files ({files} a cell): {seconds:.2f} s"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["start"]:
+        sys.exit(start(sys.argv[2:]))
+    if sys.argv[1:2] == ["start-child"]:
+        sys.exit(start_child(sys.argv[2]))
     sys.exit(main())

@@ -97,6 +97,21 @@ def hero_compiled(request) -> dict:
     return once(request.config, "hero-compile", compile_hero)
 
 
+# --- a real tokenizer, trained once ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer() -> Path:
+    """A byte-level BPE tokenizer.json (512 ids, fits model=tiny / micro) trained on the built-in
+    text (`marin.data.bpe`, a few seconds), kept beside the JAX cache between runs: its folder name
+    hashes the text and the library version, so a change retrains it."""
+    from marin.data import bpe
+
+    folder = Path(os.environ["MARIN_JAX_CACHE"]).parent / "tokenizers"
+    folder.mkdir(parents=True, exist_ok=True)
+    with locked(folder / "train.lock"):  # xdist workers: one trains, the others read its file
+        return bpe.cached(folder)
+
+
 # --- services, started by the first test that needs them ------------------------------------------
 
 def pytest_runtest_setup(item):

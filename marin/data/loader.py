@@ -39,7 +39,7 @@ import numpy as np
 
 from marin.config import derive
 from marin.data import mixture, sampling
-from marin.data.prepare import Shard, prepare
+from marin.data.prepare import prepare
 from marin.data.tokenizers import check_vocab, load_tokenizer
 
 log = logging.getLogger("marin.data")
@@ -64,7 +64,10 @@ def _unit(h: np.ndarray) -> np.ndarray:
 class Loader:
     """Batches of the mixture in `cfg.data` for one process; see the module docstring."""
 
-    def __init__(self, cfg, process_index: int = 0, process_count: int = 1, progress: bool = True):
+    def __init__(self, cfg, process_index: int = 0, process_count: int = 1, progress: bool = True,
+                 prepared: tuple | None = None):
+        """`prepared`: (sources, eval sets) as `prepare(cfg)` returns them (default: prepared now).
+        Opening a source reads its index alone; a row's shard is memory-mapped when a row reads it."""
         t = cfg.train
         self.cfg = cfg
         self.seq_len, self.global_batch, self.seed = t.seq_len, t.global_batch, t.seed
@@ -85,7 +88,7 @@ class Loader:
         self.source_names = [s.name for s in self.sources]
         self.phase_names = [mixture.phase_name(cfg, p) for p in range(mixture.num_phases(cfg))]
         self.boundaries = mixture.boundary_steps(cfg)
-        self.shards, self.eval_shards = prepare(cfg, progress=progress)
+        self.shards, self.eval_shards = prepared or prepare(cfg, progress=progress)
         weights = np.asarray([s.weights for s in self.sources], np.float64).T  # [phases, S]
         self._cdf = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
         self._last_positive = [int(np.flatnonzero(w > 0)[-1]) for w in weights]
@@ -218,11 +221,11 @@ class Loader:
         doc = np.empty((len(mine), T + 1), np.int64)
         span = np.arange(T + 1, dtype=np.int64)
         for s in np.unique(mine):
-            shard: Shard = self.shards[s]
+            shard = self.shards[s]  # a prepared source: `tokens` (array-like) and its documents
             sel = mine == s
             idx = (start[sel][:, None] + span) % shard.num_tokens
             window[sel] = shard.tokens[idx]
-            doc[sel] = np.searchsorted(shard.offsets, idx, side="right")
+            doc[sel] = document_of(shard, idx)
         batch = _pack(window, doc, T, self.loss_targets)
         batch["source_counts"] = counts.astype(np.int64) * T
         return batch
@@ -409,7 +412,7 @@ class Loader:
         valid = idx < shard.num_tokens
         safe = np.where(valid, idx, 0)
         window = np.where(valid, shard.tokens[safe], self.tokenizer.pad_id)
-        doc = np.where(valid, np.searchsorted(shard.offsets, safe, side="right"), -1)
+        doc = np.where(valid, document_of(shard, safe), -1)
         return window, doc
 
     def _bytes_per_token(self, shard: Shard) -> float:
@@ -427,6 +430,15 @@ class Loader:
         return [_pack(*self._eval_window(shard, np.arange(b * B + start, b * B + stop)),
                       self.cfg.train.eval_seq_len,
                       self.loss_targets) for b in range(count)]
+
+
+def document_of(shard, idx: np.ndarray) -> np.ndarray:
+    """1 + the document index of each token position (only what tells documents apart matters).
+    A sharded source searches only the shards the positions fall in (their offsets memory-mapped:
+    a binary search touches O(log n) pages), never the whole source's document table."""
+    if hasattr(shard, "document_of"):
+        return shard.document_of(idx)
+    return np.searchsorted(shard.offsets, idx, side="right")
 
 
 def _utf8_bytes(tokenizer, ids: np.ndarray) -> int:
