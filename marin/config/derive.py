@@ -332,6 +332,13 @@ EVAL_ROWS_PER_RACK = 64
 PERMANENT_MIN_STEPS = 100
 
 
+def eval_batch_size(hw: HardwareConfig) -> int:
+    """`train.eval_batch_size: auto`: EVAL_ROWS_PER_RACK per rack, rounded up to a whole row per
+    batch shard (a config naming its total nodes in one "rack" still splits evenly)."""
+    shards = batch_shards(hw)
+    return -(-EVAL_ROWS_PER_RACK * hw.racks // shards) * shards
+
+
 def permanent_every(steps: int) -> int:
     """`train.checkpoint.permanent_every: auto`: every 10% of the run's steps, 0 under PERMANENT_MIN_STEPS."""
     return steps // 10 if steps >= PERMANENT_MIN_STEPS else 0
@@ -392,7 +399,7 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
     if is_auto(t.eval_every) and isinstance(t.steps, int):
         t.eval_every = max(1, t.steps // 20)  # every 5% of training, as the ladder forecast reads it
     if is_auto(t.eval_batch_size):
-        t.eval_batch_size = EVAL_ROWS_PER_RACK * hw.racks
+        t.eval_batch_size = eval_batch_size(hw)
     if is_auto(t.checkpoint.permanent_every) and isinstance(t.steps, int):
         t.checkpoint.permanent_every = permanent_every(t.steps)
     if is_auto(cfg.eval.with_drops):  # production's with-drops pass ran until the ragged switch (spec §9)

@@ -495,7 +495,7 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None, backend: str
 
 def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
     """GiB per device of the eval step: the parameters (jit drops the optimizer state, which the
-    step does not read) and the per-device batch in one forward pass (no micro-batches, nothing saved):
+    step does not read) and the per-device eval batch (`train.eval_batch_size`) in one forward pass (no micro-batches, nothing saved):
     the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
     dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
     gives every expert room for all T tokens. T is `train.eval_seq_len` (a context stage scores
@@ -504,7 +504,7 @@ def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
     if isinstance(cfg.train.eval_seq_len, int) and cfg.train.eval_seq_len != cfg.train.seq_len:
         cfg = replace(cfg, train=replace(cfg.train, seq_len=cfg.train.eval_seq_len))
     t = cfg.train
-    per_device = t.global_batch // batch_shards(cfg.hardware)
+    per_device = max(1, t.eval_batch_size // batch_shards(cfg.hardware))   # the eval batch's rows
     u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))
     resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
     layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
