@@ -165,7 +165,9 @@ def test_local_sweep_life_cycle(tmp_path, capsys):
     """Start (the parent is shown first), a job that fails does not stop the others, the parent
     ends FAILED with them, and `marin.status` finds the sweep by name."""
     out, uri = tmp_path / "out", new_store(tmp_path)
-    done = _launch_py("-m", "model=micro", "train.steps=3", "train.seq_len=32", "train.global_batch=4",
+    # 5 steps: the warmup starts at lr 0, so 1e30 reaches the weights at step 1 and the loss of a
+    # later step is not finite
+    done = _launch_py("-m", "model=micro", "train.steps=5", "train.seq_len=32", "train.global_batch=4",
                       "optim.lr=1e30,1e-3", f"run.out_dir={out}",
                       f"tracking.uri={uri}", "run.sweep=life",
                       f"data.cache_dir={PROJECT_ROOT}/outputs/cache/tokens-tests")
@@ -181,7 +183,7 @@ def test_local_sweep_life_cycle(tmp_path, capsys):
     capsys.readouterr()
     assert status.main(["life", "--out-dir", str(out)]) == 0
     rows = {line.split()[0]: line.split()[1:4] for line in capsys.readouterr().out.splitlines()[2:]}
-    assert rows["lr=0.001"][:2] == ["FINISHED", "3/3"] and rows["lr=1e+30"][0] == "FAILED"
+    assert rows["lr=0.001"][:2] == ["FINISHED", "5/5"] and rows["lr=1e+30"][0] == "FAILED"
 
 
 def test_sweep_typos_fail_before_any_job():

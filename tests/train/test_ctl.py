@@ -94,6 +94,7 @@ def test_a_forced_checkpoint_is_written_verified_logged_and_the_run_finishes(tmp
                             "train.global_batch=4", "train.eval_every=0", f"run.out_dir={tmp_path}",
                             # retention keeps the forced checkpoint and the newest one
                             "train.checkpoint.every_steps=25", "train.checkpoint.keep_last=1",
+                            "train.checkpoint.permanent_every=0",
                             f"tracking.uri={uri}", f"data.cache_dir={ROOT / 'outputs' / 'cache' / 'tokens'}")
     out, err = capfd.readouterr()
     assert rc == 0 and "run_dir" in asked, err[-3000:]
