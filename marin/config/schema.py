@@ -333,7 +333,7 @@ class CheckpointConfig:
     permanent_steps: List[int] = setting(help="steps written as permanent checkpoints besides permanent_every "
                                          "(production's one-off 55,000)", factory=list)
     async_save: bool = setting(True, "save in the background")
-    every_minutes: float = setting(60.0, "a rolling checkpoint this often (0 = off); permanent ones by every_steps",
+    every_minutes: float = setting(60.0, "a rolling checkpoint this often (0 = off); permanent ones by permanent_every / permanent_steps",
                                    range=NON_NEGATIVE)
 
 

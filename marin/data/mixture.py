@@ -435,7 +435,7 @@ def check(cfg) -> list[tuple[str, str]]:
     # A dry run checks what a launch checks where that is cheap and the data is here: relative
     # paths when data.root exists on this machine, absolute ones when their folder does, the cells
     # only when data.root is also set (the hero's cells live at a site's path: its plan prints
-    # anywhere), the tokenizer when its file exists.
+    # anywhere; so do eval sets' relative paths), the tokenizer when its file exists.
     def here(paths):
         return list(paths) if not cfg.dry_run else [p for p in paths if _folder_here(p, root)]
 
@@ -443,7 +443,8 @@ def check(cfg) -> list[tuple[str, str]]:
         if s.kind != "builtin" and (paths := here(s.paths)):
             problems += location_problems(f"data.sources[{i}]", s.kind, paths, root)
     cells = srcs[len(cfg.data.sources):]
-    if cfg.dry_run and not (root.is_dir() and cfg.data.root != DEFAULT_ROOT):
+    site_here = not cfg.dry_run or (root.is_dir() and cfg.data.root != DEFAULT_ROOT)
+    if not site_here:
         cells = []
     bad_cells = [(s.name, m) for s in cells for _, m in location_problems("data.cells", s.kind, s.paths, root)]
     if bad_cells:  # one line for all cells: 200 near-identical lines would hide the point
@@ -451,7 +452,9 @@ def check(cfg) -> list[tuple[str, str]]:
         problems.append(("data.cells_paths", f"{len({n for n, _ in bad_cells})} of {len(cells)} cells cannot "
                          f"be read under data.root={root}: {listed}" + (" …" if len(bad_cells) > 3 else "")))
     for i, e in enumerate(cfg.data.eval_sets):
-        if e.kind != "builtin" and (paths := here(e.paths)):
+        # relative paths under the default data.root are, as the cells, a site's (the hero's Paloma)
+        site = [p for p in e.paths if site_here or Path(os.path.expanduser(p)).is_absolute()]
+        if e.kind != "builtin" and (paths := here(site)):
             problems += location_problems(f"data.eval_sets[{i}]", e.kind, paths, root)
     problems += _tokenizer_problems(cfg)
     return problems

@@ -96,6 +96,8 @@ def plan(cfg: Config) -> dict:
         "fits": fits(cfg, device_peak(cfg)),
         "offload": offload(cfg),
     }
+    out["evaluation"] = evaluation(cfg)
+    out["checkpoints"] = checkpoints(cfg)
     if t.init_from is not None or t.init_seq_len is not None:
         out["init"] = {"from": t.init_from, "mode": t.init_from_mode, "seq_lens": derive.stage_seq_lens(cfg),
                        "first_step": first, "last_step": last,
@@ -155,6 +157,24 @@ def layout(cfg: Config) -> dict:
             "micro_batches": accounting.micro_batches(cfg)}
 
 
+def evaluation(cfg: Config) -> dict:
+    """How the run is evaluated and what its loss scores (spec §9: eval batches, the with-drops
+    pass, the headline metric; data.loss_targets)."""
+    t = cfg.train
+    return {"batch_size": t.eval_batch_size, "seq_len": t.eval_seq_len, "every": t.eval_every,
+            "batches": t.eval_batches, "sets": [s.name for s in cfg.data.eval_sets],
+            "with_drops": cfg.eval.with_drops, "headline": cfg.eval.headline,
+            "loss_targets": cfg.data.loss_targets}
+
+
+def checkpoints(cfg: Config) -> dict:
+    """Retention and where the run stops (train.checkpoint, stop_at / stop_after)."""
+    c, t = cfg.train.checkpoint, cfg.train
+    return {"every_minutes": c.every_minutes, "every_steps": c.every_steps, "keep_last": c.keep_last,
+            "permanent_every": c.permanent_every, "permanent_steps": list(c.permanent_steps),
+            "stop_at": t.stop_at, "stop_after": t.stop_after}
+
+
 def submission(cfg: Config) -> dict:
     """What a Slurm launch would request: the launcher's own submitit parameters (so the plan
     cannot drift from the submission), plus the totals."""
@@ -202,7 +222,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
             ("forecast C", f"{p['forecast_C']:.4e}  (no head, the run's horizon: the ladder forecast's C)"),
         ] + _forecast_layers(p) + ([("days at 20% MFU", f"{p['days_at_20pct_mfu']:.1f}")] if "days_at_20pct_mfu" in p else [])),
         ("schedule", [
-            ("steps", f"{p['steps']:,}  (warmup {p['warmup_steps']:,}, final lr × {p['final_lr_ratio']})"),
+            ("steps", f"{p['steps']:,}  (warmup {p['warmup_steps']:,}: lr 0 at step 0, the peak at step "
+                      f"{p['warmup_steps']:,}; final lr × {p['final_lr_ratio']})"),
             ("tokens", _count(p["tokens"])),
             ("seq_len × global batch", f"{p['seq_len']:,} × {p['global_batch']:,} = {p['tokens_per_step']:,} tokens/step"),
             ("micro batch / device", f"{p['micro_batch']}"),
@@ -227,6 +248,8 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
              if p["memory_host_gib"] else [])
           + (_offload_rows(p["offload"]) if "offload" in p else [])),
     ]
+    if "evaluation" in p:   # plans saved before these fields have neither
+        sections.append(("evaluation and checkpoints", _evaluation_rows(p["evaluation"]) + _checkpoint_rows(p["checkpoints"])))
     if "init" in p:
         sections.append(("context extension", [
             ("init from", f"{p['init']['from']} ({p['init'].get('mode', 'continue')} mode)"),
@@ -246,6 +269,27 @@ def _rows(p: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         sections.append((f"data: epochs per source in {phases} (most repeated first{starts})",
                          _simulated_rows(p.get("simulated_epoching")) + rows))
     return sections
+
+
+def _evaluation_rows(e: dict) -> list[tuple[str, str]]:
+    batches = "every batch" if e["batches"] is None else f"{e['batches']} batch(es)"
+    every = "only at the end" if e["every"] == 0 else f"every {e['every']:,} steps"
+    return [("eval", f"{batches} of {e['batch_size']:,} × {e['seq_len']:,} tokens per set ({', '.join(e['sets']) or 'none'}), "
+                     f"{every}; with-drops pass {'on' if e['with_drops'] else 'off'}"),
+            ("headline metric", e["headline"]),
+            ("loss targets", e["loss_targets"] + ("  (Levanter's: T−1 a row, boundary targets scored)"
+                                                  if e["loss_targets"] == "causal" else "  (same-document targets only)"))]
+
+
+def _checkpoint_rows(c: dict) -> list[tuple[str, str]]:
+    rolling = [f"every {c['every_minutes']:g} min" if c["every_minutes"] else "",
+               f"every {c['every_steps']:,} steps" if c["every_steps"] else ""]
+    permanent = ([f"every {c['permanent_every']:,} steps"] if c["permanent_every"] else []) + \
+        [f"{s:,}" for s in c["permanent_steps"]]
+    stop = (f"; stops at step {c['stop_at']:,} (train.stop_at)" if c["stop_at"] else "") + \
+        (f"; stops after step {c['stop_after']:,}" if c["stop_after"] else "")
+    return [("checkpoints", f"rolling {' and '.join(r for r in rolling if r) or 'at the end only'}, "
+                            f"{c['keep_last']} kept; permanent {', '.join(permanent) or 'none'}{stop}")]
 
 
 def _forecast_layers(p: dict) -> list[tuple[str, str]]:

@@ -77,10 +77,11 @@ def test_hero_operations_and_evaluation_are_productions():
     assert experiment("mochi_535b_a23b_8k").eval.with_drops is False
     with pytest.raises(ConfigError, match="eval.with_drops"):
         make_config(f"experiment={HERO}", "model.ep_transport=ragged", "eval.with_drops=true", "dry_run=true")
-    # the headline: the dropless Paloma macro average once the site's Paloma copy is an eval set
-    assert cfg.eval.headline == "eval/macro_loss"                          # none in the repository
-    cfg.data.eval_sets = [EvalSetConfig(name="paloma", kind="jsonl", paths=["paloma/*/*.jsonl"], subsets=True)]
-    assert derive.headline_metric(cfg) == "eval/paloma/macro_loss"
+    # the headline: the dropless Paloma macro average (the site's Paloma copy is the hero's eval set)
+    assert [s.name for s in cfg.data.eval_sets] == ["paloma"] and cfg.data.eval_sets[0].subsets
+    assert cfg.eval.headline == "eval/paloma/macro_loss"
+    cfg.data.eval_sets = [EvalSetConfig(name="heldout", kind="jsonl", paths=["heldout.jsonl"])]
+    assert derive.headline_metric(cfg) == "eval/macro_loss"                # no Paloma: the mean of the sets
 
 
 def test_hero_lineage_turns_the_with_drops_pass_off_at_the_ragged_cutover():

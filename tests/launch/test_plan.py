@@ -73,6 +73,20 @@ def test_dry_run_table_shows_the_plan():
         assert text in out.stdout
 
 
+def test_the_hero_and_its_stage_show_how_they_evaluate_and_keep_checkpoints():
+    """Spec §9 in the dry run: eval batches and the with-drops pass (off from the ragged switch, so
+    in the 8K stage), the headline metric, the loss targets, the warmup from lr 0, the retention."""
+    hero = format_plan(plan(planned(HERO)))
+    assert "every batch of 704 × 4,096 tokens per set (paloma)" in hero and "with-drops pass on" in hero
+    assert "headline metric            eval/paloma/macro_loss" in hero and "loss targets               causal" in hero
+    assert "lr 0 at step 0, the peak at step 3,902" in hero
+    assert "rolling every 60 min, 1 kept; permanent 55,000" in hero
+    stage = format_plan(plan(planned("experiment=mochi_535b_a23b_8k")))
+    assert "with-drops pass off" in stage and "4,096 tokens per set" in stage
+    stopped = format_plan(plan(planned(HERO, "train.stop_at=81716")))
+    assert "stops at step 81,716 (train.stop_at)" in stopped
+
+
 def test_local_plan_has_no_submission():
     p = plan(make_config("model=tiny"))
     assert "submission" not in p and p["devices"] == 1
