@@ -12,12 +12,15 @@ Pure Python: importing this module never imports JAX.
 from __future__ import annotations
 
 import copy
+import json
 import itertools
 import math
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 from marin.config.counts import active_params
 from marin.config.fields import is_auto
+from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, HardwareConfig
 
 REMAT_MODES = ("none", "full", "dots")
@@ -426,3 +429,30 @@ def preparation_hours(tokens: float, tokens_per_core_s: float, cores: int) -> fl
     """Wall hours to tokenize `tokens` on `cores` cores at a measured per-core rate (the data
     preparation plan, `marin.data.prepare_tasks`)."""
     return tokens / (tokens_per_core_s * max(cores, 1)) / 3600.0
+
+
+# data.tokens_per_core_s `auto`: the figure benchmarks/tokenizer_rate.py measured on this machine,
+# else a stated default (a few million tokens/s per core is typical of a byte-level BPE; 1e6 errs long).
+TOKENIZE_BENCH = PROJECT_ROOT / "outputs" / "bench" / "tokenize.json"
+DEFAULT_TOKENS_PER_CORE_S = 1.0e6
+
+
+class TokenizeRate(NamedTuple):
+    tokens_per_core_s: float
+    source: str   # where the figure came from, as the plan prints it
+
+
+def tokenize_rate(configured, bench: Path = TOKENIZE_BENCH) -> TokenizeRate:
+    """`data.tokens_per_core_s`: a configured number as given; `auto`: the measured figure in `bench`
+    (when it holds a positive one), else `DEFAULT_TOKENS_PER_CORE_S`. Reads a small JSON file only."""
+    if not is_auto(configured):
+        return TokenizeRate(float(configured), "data.tokens_per_core_s")
+    try:
+        found = json.loads(Path(bench).read_text())
+        rate = float(found["tokens_per_core_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return TokenizeRate(DEFAULT_TOKENS_PER_CORE_S, f"default: no measurement in {bench}")
+    if not rate > 0:
+        return TokenizeRate(DEFAULT_TOKENS_PER_CORE_S, f"default: {bench} holds no positive rate")
+    with_tok = f", tokenizer {found['tokenizer_path']}" if found.get("tokenizer_path") else ""
+    return TokenizeRate(rate, f"measured: {bench}{with_tok}, {found.get('measured', 'undated')}")

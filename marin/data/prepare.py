@@ -221,7 +221,8 @@ def describe(p: Plan, cfg, out=None) -> None:
         tok = load_tokenizer(p.tokenizer)
     except (OSError, ValueError):
         tok = None
-    rate, cpus = cfg.data.tokens_per_core_s, cfg.hardware.cpus_per_task
+    rate, rate_from = derive.tokenize_rate(cfg.data.tokens_per_core_s)
+    cpus = cfg.hardware.cpus_per_task
     total_tokens, total_shards = 0.0, 0
     print(f"{'source':<24} {'files':>7} {'bytes':>16} {'est. tokens':>18} {'shards':>7}  estimate", file=out)
     for s in p.sources:
@@ -239,8 +240,8 @@ def describe(p: Plan, cfg, out=None) -> None:
     print(f"total: {len(p.sources)} sources, {total_tokens:,.0f} tokens (est.), {total_shards:,} shards of ≤ "
           f"{p.shard_tokens:,} tokens, {len(p.units):,} file groups", file=out)
     print(f"run: {tasks:,} tasks on {where}, {cores:,} cores at {rate:,.0f} tokens/s per core "
-          f"(data.tokens_per_core_s): {derive.preparation_hours(total_tokens, rate, 1):,.1f} core-hours, "
-          f"{hours:,.2f} hours", file=out)
+          f"(data.tokens_per_core_s, {rate_from}): {derive.preparation_hours(total_tokens, rate, 1):,.1f} "
+          f"core-hours, {hours:,.2f} hours", file=out)
     print(f"cache: {cache_dir(cfg)}", file=out)
 
 
