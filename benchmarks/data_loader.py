@@ -131,7 +131,7 @@ def synthetic_corpus(names: list[str], shards: int, documents: int, doc_tokens: 
     from marin.data import shards as fmt
 
     per = documents // shards
-    root = CORPUS / f"{len(names)}x{shards}x{documents}x{doc_tokens}"
+    root = CORPUS / f"v{fmt.FORMAT}-{len(names)}x{shards}x{documents}x{doc_tokens}"
     if (root / "done").is_file():
         return root
     template = root / "template"

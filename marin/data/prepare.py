@@ -39,7 +39,7 @@ from marin.data.tokenizers import load_tokenizer
 from marin.model.accounting import offload_estimate  # resolves offload `auto` (pure Python)
 
 log = logging.getLogger("marin.data")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3   # in the cache key: a bump re-tokenizes old caches once (3: the index as columns)
 SAMPLE_CHARS = 1_000_000   # text tokenized to estimate a source's tokens
 Shard = ShardedSource      # a prepared source, as the loader knows it
 

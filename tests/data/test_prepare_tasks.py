@@ -47,11 +47,10 @@ def test_one_task_and_three_tasks_make_identical_shards(tmp_path):
     prepare.run_pool(p3, progress=False)   # three pool workers
     index, files = fingerprint(one)
     assert (index, files) == fingerprint(three)
-    meta = json.loads(index)
-    assert len(meta["shards"]) > len(p1.units)   # some groups cut into several parts
-    assert all(s["tokens"] <= 600 for s in meta["shards"])
-    # the stream is the documents of the files in order, each ended by the end-of-document id
     src = shards.ShardedSource.open("a", Path(p1.sources[0].dir))
+    assert json.loads(index)["shards"] == len(src.shard_ids) > len(p1.units)   # some groups cut into several parts
+    assert src.shard_tokens.max() <= 600 and src.shard_tokens.sum() == src.num_tokens
+    # the stream is the documents of the files in order, each ended by the end-of-document id
     text = bytes(t for t in src.tokens[:] if t < 256).decode()
     expected = "".join(json.loads(line)["text"] for f in sorted((tmp_path / "in").iterdir())
                        for line in f.read_text().splitlines())
