@@ -413,6 +413,10 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
             decay.end = t.steps
         if is_auto(decay.origin):  # the line starts where the rule switches on unless told otherwise
             decay.origin = decay.start
+    if is_auto(cfg.data.tokens_per_core_s):
+        cfg.data.tokens_per_core_s = tokenize_rate(AUTO_RATE).tokens_per_core_s
+    if is_auto(cfg.data.verify_inputs):
+        cfg.data.verify_inputs = verify_inputs(AUTO_RATE, process_count(hw))
     resolve_offload(cfg, memory)
     return cfg
 
@@ -437,16 +441,24 @@ TOKENIZE_BENCH = PROJECT_ROOT / "outputs" / "bench" / "tokenize.json"
 DEFAULT_TOKENS_PER_CORE_S = 1.0e6
 
 
+AUTO_RATE = "auto"
+
+
 class TokenizeRate(NamedTuple):
     tokens_per_core_s: float
     source: str   # where the figure came from, as the plan prints it
 
 
-def tokenize_rate(configured, bench: Path = TOKENIZE_BENCH) -> TokenizeRate:
-    """`data.tokens_per_core_s`: a configured number as given; `auto`: the measured figure in `bench`
-    (when it holds a positive one), else `DEFAULT_TOKENS_PER_CORE_S`. Reads a small JSON file only."""
+def tokenize_rate(configured, bench: Path | None = None) -> TokenizeRate:
+    """`data.tokens_per_core_s`: `auto`: the measured figure in `bench` (default `TOKENIZE_BENCH`;
+    when it holds a positive one), else `DEFAULT_TOKENS_PER_CORE_S`; a number: as given, said to be
+    the measured or default figure when it is the one `auto` gives (a resolved config holds numbers).
+    Reads a small JSON file only."""
+    bench = Path(TOKENIZE_BENCH if bench is None else bench)
     if not is_auto(configured):
-        return TokenizeRate(float(configured), "data.tokens_per_core_s")
+        auto = tokenize_rate(AUTO_RATE, bench)
+        return auto if float(configured) == auto.tokens_per_core_s else \
+            TokenizeRate(float(configured), "data.tokens_per_core_s")
     try:
         found = json.loads(Path(bench).read_text())
         rate = float(found["tokens_per_core_s"])
@@ -456,3 +468,10 @@ def tokenize_rate(configured, bench: Path = TOKENIZE_BENCH) -> TokenizeRate:
         return TokenizeRate(DEFAULT_TOKENS_PER_CORE_S, f"default: {bench} holds no positive rate")
     with_tok = f", tokenizer {found['tokenizer_path']}" if found.get("tokenizer_path") else ""
     return TokenizeRate(rate, f"measured: {bench}{with_tok}, {found.get('measured', 'undated')}")
+
+
+def verify_inputs(configured, process_count: int) -> bool:
+    """`data.verify_inputs`: auto = verify in a one-process run (cheap there; a changed file is
+    tokenized anew, as a user editing a small corpus expects), not in a multi-process one (every
+    process would glob and stat every input file before its first step: the preparation step checks)."""
+    return process_count == 1 if is_auto(configured) else bool(configured)

@@ -62,14 +62,31 @@ def _files(kind: str, paths, root: Path) -> list[Path]:
     return files
 
 
-def source_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int = 2**31) -> str:
-    """Hash of what the cache's content depends on (changes when any file changes)."""
+def _inputs(kind: str, paths, root: Path, files: list[Path] | None = None) -> list:
+    """What a source's cache content depends on: every file's (path, size, modification time), or
+    the built-in text's fingerprints (globs, unless given `files`, and stats every file)."""
     if kind == "builtin":
-        content = [builtin.fingerprint(loc) for loc in paths]
-    else:
-        content = [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in _files(kind, paths, root)]
-    blob = json.dumps([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, content])
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+        return [builtin.fingerprint(loc) for loc in paths]
+    files = _files(kind, paths, root) if files is None else files
+    return [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in files]
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:24]
+
+
+def source_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int = 2**31,
+               inputs: list | None = None) -> str:
+    """Hash of what the cache's content depends on (changes when any file changes)."""
+    inputs = _inputs(kind, paths, root) if inputs is None else inputs
+    return _hash([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, inputs])
+
+
+def config_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int) -> str:
+    """Hash of a source's config alone (its path patterns, not the files they match): the name of
+    the pointer (`pointer_path`) to its last preparation, found without touching the input files."""
+    where = [builtin.fingerprint(loc) for loc in paths] if kind == "builtin" else [str(root / p) for p in paths]
+    return _hash([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, where])
 
 
 def _entries(cfg):
@@ -86,18 +103,27 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
     """One source's plan; `here=False` (a dry run) tolerates files and tokenizer not on this machine."""
     field, name, kind, paths, text_field, tokens = entry
     limit = cfg.data.shard_tokens
+    inputs, ckey = [], ""
     try:
-        if kind == "builtin":
-            groups = [([loc], 0) for loc in paths]
+        files = _files(kind, paths, root)
+        groups = [([loc], 0) for loc in paths] if kind == "builtin" else prepare_tasks.group_files(files, limit)
+        if tok is not None:
+            inputs = _inputs(kind, paths, root, files)
+            key = source_key(kind, paths, text_field, tok, root, limit, inputs)
+            ckey = config_key(kind, paths, text_field, tok, root, limit)
         else:
-            groups = prepare_tasks.group_files(_files(kind, paths, root), limit)
-        key = source_key(kind, paths, text_field, tok, root, limit) if tok is not None else "(tokenizer not here)"
+            key = "(tokenizer not here)"
     except UnreadableSource as err:
         if here:
             raise UnreadableSource(f"{field} ({name}): {err}") from err
         groups, key = [], "(files not here)"
     return SourcePlan(field, name, kind, text_field, key, str(cache / key), [g for g, _ in groups],
-                      [b for _, b in groups], tokens)
+                      [b for _, b in groups], tokens,
+                      pointer=str(pointer_path(cache, ckey)) if ckey else "", inputs=inputs)
+
+
+def pointer_path(cache: Path, ckey: str) -> Path:
+    return cache / "by-config" / f"{ckey}.json"
 
 
 def plan(cfg, here: bool = True) -> Plan:
@@ -125,7 +151,35 @@ def task_count(cfg, p: Plan) -> int:
 
 
 def _open_all(p: Plan) -> list[ShardedSource]:
-    return [ShardedSource.open(s.name, Path(s.dir)) for s in p.sources]
+    """Every source of `p` (all indexed), its pointer (re)written: the config now names this cache."""
+    opened = [ShardedSource.open(s.name, Path(s.dir)) for s in p.sources]
+    for s, src in zip(p.sources, opened):
+        prepare_tasks.write_pointer(s, src.index)
+    return opened
+
+
+def open_prepared(cfg, tok) -> tuple[list[Shard | None], dict[str, Shard]] | None:
+    """What `prepare(cfg)` returns, found through each source's pointer (`config_key`) without
+    globbing or reading an input file; None when a source has no pointer or its pointer and index
+    disagree (the caller then plans from the inputs). The cache a pointer names is one whole
+    preparation (content-keyed, indexed last): changed inputs make a new cache and move the pointer,
+    so an opened source is never a mix of old and new input."""
+    cfg = with_eval_subsets(cfg)
+    root, cache, limit = mixture.data_root(cfg), cache_dir(cfg), cfg.data.shard_tokens
+    opened = []
+    for field, name, kind, paths, text_field, _ in _entries(cfg):
+        try:
+            pointer = json.loads(pointer_path(cache, config_key(kind, paths, text_field, tok, root, limit)).read_text())
+            src = ShardedSource.open(name, Path(pointer["dir"]))
+        except (OSError, ValueError, KeyError):
+            return None
+        if (src.index.get("key"), src.index.get("inputs")) != (pointer["key"], pointer["inputs"]):
+            log.warning("%s (%s): its pointer and its index disagree: planning from the input files", field, name)
+            return None
+        opened.append(src)
+    it = iter(opened)
+    shards = [next(it) if any(w > 0 for w in s.weights) else None for s in mixture.sources(cfg)]
+    return shards, {e.name: next(it) for e in cfg.data.eval_sets}
 
 
 BAR_DELAY_S = 1.0  # a tokenizing bar appears once a source has taken this long

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import logging
 import math
 import os
@@ -56,6 +58,8 @@ class SourcePlan:
     groups: list[list[str]]   # inputs (file paths; builtin: locations) of each group
     group_bytes: list[int]
     tokens: int | None = None  # available tokens, from the config (the cells' table)
+    pointer: str = ""   # <cache>/by-config/<config key>.json: names this cache once it is indexed
+    inputs: list = field(default_factory=list)   # the inputs record (files, sizes, mtimes) of `key`
 
 
 @dataclass
@@ -251,13 +255,42 @@ def finalize(plan: Plan, s: int) -> bool:
         first = next((m["first_bad"] for m in manifests if m["first_bad"]), None)
         raise UnreadableSource(f"{source.field} ({source.name}): the source is empty: no readable document "
                                f"({corrupt} corrupt skipped){'; the first: ' + first if first else ''}")
-    shards.write_index(src_dir, source.name, manifests,
-                       {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
-                        "corrupt": corrupt, "counts": counts})
+    inputs = write_inputs(src_dir, source.inputs)
+    index = shards.write_index(src_dir, source.name, manifests,
+                               {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
+                                "corrupt": corrupt, "counts": counts, "inputs": inputs})
+    write_pointer(source, index)
     if corrupt:
         log.warning("source %s: skipped %d bad input record(s) of %d", source.name, corrupt,
                     corrupt + sum(m["documents"] for m in manifests))
     return True
+
+
+INPUTS = "inputs.json"
+
+
+def write_inputs(src_dir: Path, inputs: list) -> str:
+    """The inputs record (every file's path, size and modification time, as the cache key hashed
+    them) beside the index; its hash, which the index and the source's pointer both hold."""
+    data = json.dumps(inputs).encode()
+    shards._atomic_write(src_dir / INPUTS, data)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def write_pointer(source: SourcePlan, index: dict) -> None:
+    """Point the source's config key at this (indexed) cache: what a training process opens
+    without planning (`marin.data.prepare.open_prepared`)."""
+    if not source.pointer:
+        return
+    pointer = Path(source.pointer)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": source.key, "dir": source.dir, "inputs": index.get("inputs"), "name": source.name}
+    try:
+        if json.loads(pointer.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass
+    shards._atomic_write(pointer, json.dumps(record, indent=1).encode())
 
 
 def run_task(plan: Plan, task: int, progress=None) -> int:
