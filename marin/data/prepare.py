@@ -65,8 +65,8 @@ def _files(kind: str, paths, root: Path) -> list[Path]:
 def _inputs(kind: str, paths, root: Path, files: list[Path] | None = None) -> list:
     """What a source's cache content depends on: every file's (path, size, modification time), or
     the built-in text's fingerprints (globs, unless given `files`, and stats every file)."""
-    if kind == "builtin":
-        return [builtin.fingerprint(loc) for loc in paths]
+    if kind == "builtin":   # its text, and how it is cut into groups (the shards follow the groups)
+        return [f"{builtin.fingerprint(loc)}:groups-{builtin.GROUP_CHARS}" for loc in paths]
     files = _files(kind, paths, root) if files is None else files
     return [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in files]
 
@@ -106,7 +106,11 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
     inputs, ckey = [], ""
     try:
         files = _files(kind, paths, root)
-        groups = [([loc], 0) for loc in paths] if kind == "builtin" else prepare_tasks.group_files(files, limit)
+        if kind == "builtin":   # each location cut into groups of consecutive documents
+            split = [(loc, r) for loc in paths for r in builtin.ranges(loc)]
+            groups, ranges = [([loc], r[2]) for loc, r in split], [[r[0], r[1]] for _, r in split]
+        else:
+            groups, ranges = prepare_tasks.group_files(files, limit), []
         if tok is not None:
             inputs = _inputs(kind, paths, root, files)
             key = source_key(kind, paths, text_field, tok, root, limit, inputs)
@@ -116,10 +120,11 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
     except UnreadableSource as err:
         if here:
             raise UnreadableSource(f"{field} ({name}): {err}") from err
-        groups, key = [], "(files not here)"
+        groups, ranges, key = [], [], "(files not here)"
     return SourcePlan(field, name, kind, text_field, key, str(cache / key), [g for g, _ in groups],
                       [b for _, b in groups], tokens,
-                      pointer=str(pointer_path(cache, ckey)) if ckey else "", inputs=inputs)
+                      pointer=str(pointer_path(cache, ckey)) if ckey else "", inputs=inputs,
+                      group_records=ranges)
 
 
 def pointer_path(cache: Path, ckey: str) -> Path:
@@ -253,7 +258,7 @@ def estimate_tokens(source: SourcePlan, tok) -> tuple[float | None, str]:
     if tok is None or not source.groups:
         return None, "unknown"
     texts, chars = [], 0
-    for rec in records(source.kind, [f for g in source.groups for f in g], source.text_field):
+    for rec in records(source.kind, source.inputs_in_order, source.text_field):
         if chars >= SAMPLE_CHARS and source.kind != "builtin":
             break
         if rec.text is not None:
@@ -282,7 +287,7 @@ def describe(p: Plan, cfg, out=None) -> None:
     for s in p.sources:
         tokens, how = estimate_tokens(s, tok)
         n = prepare_tasks.estimated_shards(s, tokens, p.shard_tokens)
-        files = f"{sum(len(g) for g in s.groups):,}" if s.groups and s.kind != "builtin" else "-"
+        files = f"{len(s.inputs_in_order):,}" if s.groups and s.kind != "builtin" else "-"
         total_tokens += tokens or 0
         total_shards += n
         shown = f"{tokens:,.0f}" if tokens is not None else "?"

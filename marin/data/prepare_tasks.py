@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -60,6 +61,18 @@ class SourcePlan:
     tokens: int | None = None  # available tokens, from the config (the cells' table)
     pointer: str = ""   # <cache>/by-config/<config key>.json: names this cache once it is indexed
     inputs: list = field(default_factory=list)   # the inputs record (files, sizes, mtimes) of `key`
+    # per group: [first, end) of the records of its inputs it holds, or None (all of them): a large
+    # input split into several groups (the built-in text, `marin.data.builtin.ranges`)
+    group_records: list = field(default_factory=list)
+
+    def records_of(self, g: int) -> tuple[int, int | None]:
+        r = self.group_records[g] if g < len(self.group_records) else None
+        return (0, None) if r is None else (r[0], r[1])
+
+    @property
+    def inputs_in_order(self) -> list[str]:
+        """Every input once, in order (split inputs are named by several groups)."""
+        return list(dict.fromkeys(f for g in self.groups for f in g))
 
 
 @dataclass
@@ -105,17 +118,17 @@ def assign(plan: Plan, count: int) -> None:
 
 # ----------------------------------------------------------------------------------- one group
 
-def _existing(src_dir: Path, group: int, full: bool = True) -> tuple[list[dict], int, bool]:
+def _existing(src_dir: Path, group: int, full: bool = True, first: int = 0) -> tuple[list[dict], int, bool]:
     """The group's shards already made that verify (`full`: their hashes too, else their sizes),
-    in order, until the first missing or damaged one: (manifests, record to restart at, whether
-    the group is complete)."""
+    in order, until the first missing or damaged one: (manifests, record to restart at (`first`, its
+    first record, when none is made), whether the group is complete)."""
     done, part = [], 0
     while (m := shards.verify_shard(src_dir / shards.shard_id(group, part), full)) is not None:
         done.append(m)
         if m["last"]:
             return done, m["records"][1], True
         part += 1
-    return done, (done[-1]["records"][1] if done else 0), False
+    return done, (done[-1]["records"][1] if done else first), False
 
 
 def _adopt(src_dir: Path, group: int, done: list[dict]) -> bool:
@@ -193,14 +206,18 @@ def run_group(plan: Plan, s: int, g: int, tok, progress=None) -> list[dict]:
 def _run_group(plan: Plan, s: int, g: int, tok, progress) -> list[dict]:
     source = plan.sources[s]
     src_dir = Path(source.dir)
-    done, start, complete = _existing(src_dir, g)
+    first, end = source.records_of(g)
+    done, start, complete = _existing(src_dir, g, first=first)
     if complete:
         return done
     dtype = token_dtype(tok.vocab_size)
     eos = np.asarray([] if tok.eos_id is None else [tok.eos_id], np.uint32)
     part = _Part(src_dir, g, len(done), start, dtype)
     position = {"from": start}   # records before it are in shards already made (read, not tokenized)
-    stream = (r for r in records(source.kind, source.groups[g], source.text_field) if r.number >= position["from"])
+    inputs = records(source.kind, source.groups[g], source.text_field)
+    if end is not None:   # the group's share of a split input
+        inputs = itertools.takewhile(lambda r: r.number < end, inputs)
+    stream = (r for r in inputs if r.number >= position["from"])
     try:
         for rec, ids in _encoded(stream, tok, eos):
             if rec.number < position["from"]:
@@ -242,7 +259,7 @@ def finalize(plan: Plan, s: int) -> bool:
     src_dir = Path(source.dir)
     manifests = []
     for g in range(len(source.groups)):
-        done, _, complete = _existing(src_dir, g, full=False)   # their tasks hashed them
+        done, _, complete = _existing(src_dir, g, full=False, first=source.records_of(g)[0])   # their tasks hashed them
         if not complete:
             return False
         manifests += done

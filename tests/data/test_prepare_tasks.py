@@ -2,6 +2,7 @@
 killed task resumed to the uninterrupted result, bad input counted or refused, the plan."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -231,3 +232,32 @@ def test_the_command_names_the_source_that_failed(tmp_path, capsys):
     assert prepare.main([*common, "data.max_bad_fraction=1.0"]) == 2
     assert error().startswith("error: data.sources[0] (a): the source is empty: no readable document "
                                               "(2 corrupt skipped); the first: ")
+
+
+def test_a_large_builtin_source_splits_into_groups_and_the_stream_keeps_its_order(tmp_path, monkeypatch):
+    """A process pool balances a large input only if it is several groups: the built-in text is
+    cut into runs of documents (by characters), and the stream is the same whatever the tasks."""
+    from marin.data import builtin
+
+    monkeypatch.setattr(builtin, "GROUP_CHARS", 60_000)   # small groups, a small cap: a quick test
+    monkeypatch.setitem(builtin.CAPS, "train", 200_000)
+    builtin.sizes.cache_clear()
+    corpus(tmp_path)
+    try:
+        cfgs = [_cfg(tmp_path, f"c{n}", prepare_tasks=n, shard_tokens=10**8) for n in (1, 3)]
+        for c in cfgs:
+            c.data.sources = [dataclasses.replace(c.data.sources[0], kind="builtin", paths=["stdlib"])]
+        p1, p3 = prepare.plan(cfgs[0]), prepare.plan(cfgs[1])
+        (src,) = p1.sources
+        assert len(src.groups) >= 3 and src.group_records[0][0] == 0
+        assert [r[1] for r in src.group_records[:-1]] == [r[0] for r in src.group_records[1:]]   # contiguous
+        assert len(p3.tasks) == 3
+        prepare.run_pool(p1, progress=False)
+        prepare.run_pool(p3, progress=False)
+        assert fingerprint(cfgs[0]) == fingerprint(cfgs[1])
+        opened = shards.ShardedSource.open("a", Path(src.dir))
+        assert len(opened.shard_ids) == len(src.groups)
+        text = bytes(t for t in opened.tokens[:] if t < 256).decode()
+        assert text == "".join(builtin.documents("stdlib"))
+    finally:
+        builtin.sizes.cache_clear()
