@@ -110,7 +110,7 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
             split = [(loc, r) for loc in paths for r in builtin.ranges(loc)]
             groups, ranges = [([loc], r[2]) for loc, r in split], [[r[0], r[1]] for _, r in split]
         else:
-            groups, ranges = prepare_tasks.group_files(files, limit), []
+            groups, ranges = prepare_tasks.group_files(files, limit, kind), []
         if tok is not None:
             inputs = _inputs(kind, paths, root, files)
             key = source_key(kind, paths, text_field, tok, root, limit, inputs)
@@ -287,7 +287,7 @@ def describe(p: Plan, cfg, out=None) -> None:
     for s in p.sources:
         tokens, how = estimate_tokens(s, tok)
         n = prepare_tasks.estimated_shards(s, tokens, p.shard_tokens)
-        files = f"{len(s.inputs_in_order):,}" if s.groups and s.kind != "builtin" else "-"
+        files = f"{len(s.files):,}" if s.groups and s.kind != "builtin" else "-"
         total_tokens += tokens or 0
         total_shards += n
         shown = f"{tokens:,.0f}" if tokens is not None else "?"

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from marin.data import shards
-from marin.data.documents import BAD_REASONS, UnreadableSource, records
+from marin.data.documents import BAD_REASONS, UnreadableSource, piece, records, split_piece
 from marin.data.tokenizers import load_tokenizer, token_dtype
 
 log = logging.getLogger("marin.data")
@@ -74,6 +74,11 @@ class SourcePlan:
         """Every input once, in order (split inputs are named by several groups)."""
         return list(dict.fromkeys(f for g in self.groups for f in g))
 
+    @property
+    def files(self) -> list[str]:
+        """Every input file once, in order (a split file's pieces counted as one)."""
+        return list(dict.fromkeys(split_piece(f)[0] for g in self.groups for f in g))
+
 
 @dataclass
 class Plan:
@@ -88,17 +93,31 @@ class Plan:
         return [(s, g) for s, src in enumerate(self.sources) for g in range(len(src.groups))]
 
 
-def group_files(files: list[Path], limit: int) -> list[tuple[list[str], int]]:
-    """Consecutive files of at most `limit` bytes together (a larger file alone): (paths, bytes)."""
+# An uncompressed JSONL file larger than this is cut into pieces of this many bytes (each a group,
+# its lines those beginning in it: `marin.data.documents.piece`), so a pool balances a corpus of a
+# few large files; fixed by the files alone, never by the task count.
+PIECE_BYTES = 64 << 20
+
+
+def _pieces(f: Path, size: int, kind: str) -> list[tuple[str, int]]:
+    if kind != "jsonl" or f.suffix == ".gz" or size <= PIECE_BYTES:
+        return [(str(f), size)]
+    return [(piece(f, a, min(a + PIECE_BYTES, size)), min(PIECE_BYTES, size - a)) for a in range(0, size, PIECE_BYTES)]
+
+
+def group_files(files: list[Path], limit: int, kind: str = "") -> list[tuple[list[str], int]]:
+    """Consecutive inputs of at most `limit` bytes together (a larger one alone): (inputs, bytes);
+    a large uncompressed JSONL file's inputs are its pieces (`PIECE_BYTES`), each a group alone."""
     groups: list[tuple[list[str], int]] = []
     for f in files:
-        size = f.stat().st_size
-        if groups and groups[-1][1] + size <= limit:
-            groups[-1][0].append(str(f))
-            groups[-1] = (groups[-1][0], groups[-1][1] + size)
-        else:
-            groups.append(([str(f)], size))
-    return groups
+        pieces = _pieces(f, f.stat().st_size, kind)
+        for item, size in pieces:
+            if len(pieces) == 1 and groups and groups[-1][1] + size <= limit and not groups[-1][2]:
+                groups[-1][0].append(item)
+                groups[-1] = (groups[-1][0], groups[-1][1] + size, False)
+            else:
+                groups.append(([item], size, len(pieces) > 1))
+    return [(g, b) for g, b, _ in groups]
 
 
 def assign(plan: Plan, count: int) -> None:

@@ -280,7 +280,8 @@ class ShardedSource:
         if k not in self._open:
             folder = self.path / shard_id(int(self._table[k, GROUP]), int(self._table[k, PART]))
             size = int(self._token_ends[k] - self._token_starts[k])
-            tokens = np.memmap(folder / TOKENS, dtype=self.index["dtype"], mode="r", shape=(size,))
+            tokens = np.memmap(folder / TOKENS, dtype=self.index["dtype"], mode="r", shape=(size,)) if size \
+                else np.zeros(0, self.index["dtype"])   # an empty file cannot be mapped (a piece with no line)
             self._open[k] = (tokens, np.load(folder / OFFSETS, mmap_mode="r"))
         return self._open[k]
 

@@ -261,3 +261,26 @@ def test_a_large_builtin_source_splits_into_groups_and_the_stream_keeps_its_orde
         assert text == "".join(builtin.documents("stdlib"))
     finally:
         builtin.sizes.cache_clear()
+
+
+def test_a_large_jsonl_file_splits_into_pieces_with_the_same_stream(tmp_path, monkeypatch):
+    """One large file is several groups (byte pieces, each line in the piece its first byte is in):
+    the stream is the file's documents in order whatever the task count, and a bad line is named
+    by its line in the file."""
+    monkeypatch.setattr(prepare_tasks, "PIECE_BYTES", 1000)
+    (tmp_path / "in").mkdir()
+    texts = [f"document {d} " + "word " * (d % 37) for d in range(150)]
+    write_jsonl(tmp_path / "in" / "big.jsonl", texts, corrupt_at=[120])   # line 121 is malformed
+    cfgs = [_cfg(tmp_path, f"c{n}", prepare_tasks=n, shard_tokens=10**8, max_bad_fraction=0.5) for n in (1, 3)]
+    p1, p3 = prepare.plan(cfgs[0]), prepare.plan(cfgs[1])
+    (src,) = p1.sources
+    size = (tmp_path / "in" / "big.jsonl").stat().st_size
+    assert len(src.groups) == -(-size // 1000) and src.files == [str(tmp_path / "in" / "big.jsonl")]
+    prepare.run_pool(p1, progress=False)
+    prepare.run_pool(p3, progress=False)
+    assert fingerprint(cfgs[0]) == fingerprint(cfgs[1])
+    opened = shards.ShardedSource.open("a", Path(src.dir))
+    assert bytes(t for t in opened.tokens[:] if t < 256).decode() == "".join(texts)
+    assert opened.documents == 150 and opened.corrupt == 1
+    bad = [m["first_bad"] for m in (shards.read_manifest(opened.path / s) for s in opened.shard_ids) if m["first_bad"]]
+    assert bad == [f"{tmp_path / 'in' / 'big.jsonl'}:121: malformed json"]
