@@ -22,14 +22,18 @@ tokenizer: the ids do not matter), opens every source and builds process 0's `Lo
 nodes × tasks_per_node processes), then reads its first batch. Printed per scale (shards per
 source × scale): seconds to the first batch, from the process's start, and its peak RSS.
 Targets: ≤ 2 s and ≤ 500 MB at every scale (start does not grow with the corpus). The opened
-sources are handed to the Loader (`prepared=`); --input-files N also times the planning that a
-Loader without them does first (`marin.data.prepare.plan`: a glob and a stat of every input file).
+sources are handed to the Loader (`prepared=`); --input-files N also starts a Loader given nothing,
+over N empty input files a cell and each cell's config pointer to its prepared source (as
+`python -m marin.data.prepare` leaves them): it opens them without reading an input file
+(`data.verify_inputs` auto, off for many processes). Last it times what verifying would add
+(`marin.data.prepare.plan`: a glob and a stat of every input file).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,7 +135,7 @@ def synthetic_corpus(names: list[str], shards: int, documents: int, doc_tokens: 
     from marin.data import shards as fmt
 
     per = documents // shards
-    root = CORPUS / f"{len(names)}x{shards}x{documents}x{doc_tokens}"
+    root = CORPUS / f"v{fmt.FORMAT}-{len(names)}x{shards}x{documents}x{doc_tokens}"
     if (root / "done").is_file():
         return root
     template = root / "template"
@@ -147,13 +151,16 @@ def synthetic_corpus(names: list[str], shards: int, documents: int, doc_tokens: 
         for sid in ids:
             if not (folder / sid).exists():
                 (folder / sid).symlink_to("../../template", target_is_directory=True)  # short: kept in the inode
-        fmt.write_index(folder, name, [{**manifest, "shard": sid} for sid in ids], {"corrupt": 0})
+        fmt.write_index(folder, name, [{**manifest, "shard": sid} for sid in ids],
+                        {"corrupt": 0, "key": f"synthetic-{name}", "inputs": "synthetic"})
     (root / "done").write_text("")
     return root
 
 
-def start_child(root: str) -> int:
-    """In a fresh process: compose the hero, open the corpus, build the Loader, read a batch."""
+def start_child(root: str, inputs: str = "") -> int:
+    """In a fresh process: compose the hero, open the corpus, build the Loader, read a batch. With
+    `inputs` (a folder of input files and config pointers to the corpus: `input_tree`), the Loader
+    is given nothing and opens the sources itself, as a training process does."""
     import json
     import resource
 
@@ -165,20 +172,50 @@ def start_child(root: str) -> int:
     from marin.data.shards import ShardedSource
     from marin.model.accounting import offload_estimate
 
-    cfg = load(compose_config(HERO), memory=offload_estimate)[1]
+    extra = [f"data.root={inputs}", f"data.cache_dir={inputs}/cache"] if inputs else []
+    cfg = load(compose_config([*HERO, *extra]), memory=offload_estimate)[1]
     composed = time.perf_counter()
-    sources = [ShardedSource.open(s.name, Path(root) / "sources" / s.name) if any(w > 0 for w in s.weights)
-               else None for s in mixture.sources(cfg)]
-    opened = time.perf_counter()
     processes = cfg.hardware.nodes * cfg.hardware.tasks_per_node
-    loader = Loader(cfg, 0, processes, progress=False, prepared=(sources, {}))
+    if inputs:
+        prepared = None
+    else:
+        prepared = ([ShardedSource.open(s.name, Path(root) / "sources" / s.name) if any(w > 0 for w in s.weights)
+                     else None for s in mixture.sources(cfg)], {})
+    opened = time.perf_counter()
+    loader = Loader(cfg, 0, processes, progress=False, prepared=prepared)
     batch = loader.batch(0)
     done = time.perf_counter()
     print(json.dumps({"compose_s": composed - begin, "open_s": opened - composed, "loader_s": done - opened,
                       "rows": int(batch["inputs"].shape[0]), "seq_len": cfg.train.seq_len, "processes": processes,
-                      "shards_opened": sum(len(s._open) for s in sources if s),
+                      "shards_opened": sum(len(s._open) for s in loader.shards if s),
                       "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
     return 0
+
+
+def input_tree(tmp: Path, root: Path, files: int) -> None:
+    """Under `tmp`: `files` empty input files a cell (the hero's `cells/<cell>/*.parquet`) and, in
+    `tmp/cache`, each cell's config pointer (`marin.data.prepare.config_key`) to its synthetic
+    prepared source under `root`: what `python -m marin.data.prepare` leaves for training."""
+    import json
+
+    from marin.config.store import compose as compose_config
+    from marin.config.validate import load
+    from marin.data import mixture, prepare
+    from marin.data.tokenizers import load_tokenizer
+    from marin.model.accounting import offload_estimate
+
+    cfg = load(compose_config([*HERO, f"data.root={tmp}", f"data.cache_dir={tmp}/cache"]), memory=offload_estimate)[1]
+    tok = load_tokenizer(cfg.data.tokenizer)
+    for source in mixture.sources(cfg):
+        folder = tmp / "cells" / source.name
+        folder.mkdir(parents=True)
+        for i in range(files):
+            (folder / f"part-{i:05d}.parquet").touch()
+        key = prepare.config_key(source.kind, source.paths, source.text_field, tok, tmp, cfg.data.shard_tokens)
+        pointer = prepare.pointer_path(tmp / "cache", key)
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        pointer.write_text(json.dumps({"key": f"synthetic-{source.name}", "inputs": "synthetic", "name": source.name,
+                                       "dir": str(root / "sources" / source.name)}))
 
 
 def start(argv) -> int:
@@ -205,21 +242,31 @@ def start(argv) -> int:
     for scale in args.scales:
         shards, documents = max(1, round(args.shards * scale)), int(args.documents * scale)
         root = synthetic_corpus(names, shards, documents, args.doc_tokens)
-        began = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, "start-child", str(root)], capture_output=True, text=True)
-        wall = time.perf_counter() - began
-        if out.returncode:
-            print(out.stderr, file=sys.stderr)
-            return 1
-        r = json.loads(out.stdout.splitlines()[-1])
-        good = wall <= START_SECONDS and r["rss_mb"] <= START_RSS_MB
-        ok &= good
-        print(f"{len(names)} sources × {shards} shards, {documents:,} documents and "
-              f"{documents * args.doc_tokens:,} tokens each: first batch ({r['rows']} rows × {r['seq_len']}, "
-              f"process 0 of {r['processes']}) {wall:.2f} s after the process started (compose {r['compose_s']:.2f}, "
-              f"open {r['open_s']:.2f}, loader + batch {r['loader_s']:.2f}; {r['shards_opened']} shards mapped), "
-              f"peak RSS {r['rss_mb']:.0f} MB (targets ≤ {START_SECONDS:g} s, ≤ {START_RSS_MB} MB): "
-              f"{'OK' if good else 'OVER'}")
+        runs = [("sources opened, handed to the Loader (prepared=)", "")]
+        tmps = [tempfile.TemporaryDirectory() for _ in args.input_files]
+        for files, tmp in zip(args.input_files, tmps):
+            input_tree(Path(tmp.name), root, files)
+            runs.append((f"the Loader alone, {files:,} input files a cell ({files * len(names):,}; "
+                         "data.verify_inputs auto: not read)", tmp.name))
+        for what, inputs in runs:
+            began = time.perf_counter()
+            out = subprocess.run([sys.executable, __file__, "start-child", str(root), inputs],
+                                 capture_output=True, text=True)
+            wall = time.perf_counter() - began
+            if out.returncode:
+                print(out.stderr, file=sys.stderr)
+                return 1
+            r = json.loads(out.stdout.splitlines()[-1])
+            good = wall <= START_SECONDS and r["rss_mb"] <= START_RSS_MB
+            ok &= good
+            print(f"{len(names)} sources × {shards} shards, {documents:,} documents and "
+                  f"{documents * args.doc_tokens:,} tokens each, {what}: first batch ({r['rows']} rows × "
+                  f"{r['seq_len']}, process 0 of {r['processes']}) {wall:.2f} s after the process started (compose "
+                  f"{r['compose_s']:.2f}, open {r['open_s']:.2f}, loader + batch {r['loader_s']:.2f}; "
+                  f"{r['shards_opened']} shards mapped), peak RSS {r['rss_mb']:.0f} MB (targets ≤ {START_SECONDS:g} s, "
+                  f"≤ {START_RSS_MB} MB): {'OK' if good else 'OVER'}")
+        for tmp in tmps:
+            tmp.cleanup()
     for files in args.input_files:
         print(plan_time(files))
     return 0 if ok else 1
@@ -227,9 +274,7 @@ def start(argv) -> int:
 
 def plan_time(files: int) -> str:
     """`marin.data.prepare.plan` of the hero over `files` empty input files a cell (a glob and a stat
-    of each, in every training process: `Loader` without `prepared=`)."""
-    import tempfile
-
+    of each: what a Loader with data.verify_inputs=true does before it opens the sources)."""
     from marin.config.store import compose as compose_config
     from marin.config.validate import load
     from marin.data import mixture, prepare
@@ -247,12 +292,13 @@ def plan_time(files: int) -> str:
         prepare.plan(cfg)
         seconds = time.perf_counter() - began
     total = files * len(mixture.sources(cfg))
-    return f"prepare.plan over {total:,} input files ({files} a cell): {seconds:.2f} s"
+    return (f"prepare.plan over {total:,} input files ({files} a cell): {seconds:.2f} s (what a Loader with "
+            "data.verify_inputs=true adds, and python -m marin.data.prepare)")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["start"]:
         sys.exit(start(sys.argv[2:]))
     if sys.argv[1:2] == ["start-child"]:
-        sys.exit(start_child(sys.argv[2]))
+        sys.exit(start_child(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""))
     sys.exit(main())

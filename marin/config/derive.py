@@ -12,12 +12,15 @@ Pure Python: importing this module never imports JAX.
 from __future__ import annotations
 
 import copy
+import json
 import itertools
 import math
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 from marin.config.counts import active_params
 from marin.config.fields import is_auto
+from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, HardwareConfig
 
 REMAT_MODES = ("none", "full", "dots")
@@ -417,6 +420,10 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
             decay.end = t.steps
         if is_auto(decay.origin):  # the line starts where the rule switches on unless told otherwise
             decay.origin = decay.start
+    if is_auto(cfg.data.tokens_per_core_s):
+        cfg.data.tokens_per_core_s = tokenize_rate(AUTO_RATE).tokens_per_core_s
+    if is_auto(cfg.data.verify_inputs):
+        cfg.data.verify_inputs = verify_inputs(AUTO_RATE, process_count(hw))
     resolve_offload(cfg, memory)
     return cfg
 
@@ -433,3 +440,45 @@ def preparation_hours(tokens: float, tokens_per_core_s: float, cores: int) -> fl
     """Wall hours to tokenize `tokens` on `cores` cores at a measured per-core rate (the data
     preparation plan, `marin.data.prepare_tasks`)."""
     return tokens / (tokens_per_core_s * max(cores, 1)) / 3600.0
+
+
+# data.tokens_per_core_s `auto`: the figure benchmarks/tokenizer_rate.py measured on this machine,
+# else a stated default (a few million tokens/s per core is typical of a byte-level BPE; 1e6 errs long).
+TOKENIZE_BENCH = PROJECT_ROOT / "outputs" / "bench" / "tokenize.json"
+DEFAULT_TOKENS_PER_CORE_S = 1.0e6
+
+
+AUTO_RATE = "auto"
+
+
+class TokenizeRate(NamedTuple):
+    tokens_per_core_s: float
+    source: str   # where the figure came from, as the plan prints it
+
+
+def tokenize_rate(configured, bench: Path | None = None) -> TokenizeRate:
+    """`data.tokens_per_core_s`: `auto`: the measured figure in `bench` (default `TOKENIZE_BENCH`;
+    when it holds a positive one), else `DEFAULT_TOKENS_PER_CORE_S`; a number: as given, said to be
+    the measured or default figure when it is the one `auto` gives (a resolved config holds numbers).
+    Reads a small JSON file only."""
+    bench = Path(TOKENIZE_BENCH if bench is None else bench)
+    if not is_auto(configured):
+        auto = tokenize_rate(AUTO_RATE, bench)
+        return auto if float(configured) == auto.tokens_per_core_s else \
+            TokenizeRate(float(configured), "data.tokens_per_core_s")
+    try:
+        found = json.loads(Path(bench).read_text())
+        rate = float(found["tokens_per_core_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return TokenizeRate(DEFAULT_TOKENS_PER_CORE_S, f"default: no measurement in {bench}")
+    if not rate > 0:
+        return TokenizeRate(DEFAULT_TOKENS_PER_CORE_S, f"default: {bench} holds no positive rate")
+    with_tok = f", tokenizer {found['tokenizer_path']}" if found.get("tokenizer_path") else ""
+    return TokenizeRate(rate, f"measured: {bench}{with_tok}, {found.get('measured', 'undated')}")
+
+
+def verify_inputs(configured, process_count: int) -> bool:
+    """`data.verify_inputs`: auto = verify in a one-process run (cheap there; a changed file is
+    tokenized anew, as a user editing a small corpus expects), not in a multi-process one (every
+    process would glob and stat every input file before its first step: the preparation step checks)."""
+    return process_count == 1 if is_auto(configured) else bool(configured)

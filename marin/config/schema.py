@@ -208,8 +208,15 @@ class DataConfig:
     prepare_tasks: int = setting(0, "tasks of python -m marin.data.prepare (a process pool locally, a Slurm array "
                                  "on Slurm); 0 = auto: the CPUs here, or one per file group up to 1,000 on Slurm",
                                  range=count(0))
-    tokens_per_core_s: float = setting(1.0e6, "tokenizer throughput per core, tokens/s, for the preparation plan's "
-                                       "hours (benchmarks/tokenize.py measures it)", range=POSITIVE)
+    verify_inputs: Any = setting(
+        AUTO, "whether a training process checks the input files against its cache before opening it (a glob and a "
+        "stat of every file; changed files are tokenized anew): true | false (open the last preparation of each "
+        "source's config as it is, reading no input file; one never prepared is prepared) | auto = true for a "
+        "one-process run, false for more (run python -m marin.data.prepare after changing inputs)",
+        choices=(True, False, AUTO))
+    tokens_per_core_s: Any = setting(AUTO, "tokenizer throughput per core, tokens/s, for the preparation plan's "
+                                     "hours; auto = the figure benchmarks/tokenizer_rate.py wrote to "
+                                     "outputs/bench/tokenize.json, else 1e6 (the plan says which)", range=POSITIVE)
 
 
 @dataclass

@@ -88,3 +88,29 @@ def fingerprint(location: str) -> str:
     name, split = parse(location)
     return f"builtin-v{VERSION}:{name}/{split}:python-{sys.version_info.major}.{sys.version_info.minor}." \
            f"{sys.version_info.micro}:{CAPS[split]}"
+
+
+# A location's documents are prepared as groups of consecutive documents of about this many
+# characters (`ranges`), so a process pool balances them; fixed by the text, never by the task count.
+GROUP_CHARS = 500_000
+
+
+@functools.cache
+def sizes(location: str) -> tuple[int, ...]:
+    """Characters of each document of `location`, in order."""
+    return tuple(len(d) for d in documents(location))
+
+
+def ranges(location: str, chars: int | None = None) -> list[tuple[int, int, int]]:
+    """(first document, end, characters) of each group of `location`: consecutive documents, a new
+    group begun once one holds `chars` characters (a larger document alone)."""
+    chars = GROUP_CHARS if chars is None else chars
+    out, start, held = [], 0, 0
+    lengths = sizes(location)
+    for i, n in enumerate(lengths):
+        if held and held + n > chars:
+            out.append((start, i, held))
+            start, held = i, 0
+        held += n
+    out.append((start, len(lengths), held))
+    return out

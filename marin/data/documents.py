@@ -52,10 +52,68 @@ class Record:
 BAD_REASONS = ("unreadable", "invalid_utf8", "malformed_json", "missing_field", "not_text", "huge")
 
 
+# A piece of a large uncompressed JSONL file: "<path>|bytes=<start>-<end>", the lines whose first
+# byte is in [start, end) (`marin.data.prepare_tasks.group_files` cuts them, so a pool balances).
+PIECE = "|bytes="
+
+
+def piece(path, start: int, end: int) -> str:
+    return f"{path}{PIECE}{start}-{end}"
+
+
+def split_piece(item: str) -> tuple[str, int, int | None]:
+    """(path, start, end) of an input: a piece's byte range, or a whole file's (0, None)."""
+    path, sep, span = str(item).rpartition(PIECE)
+    if sep and (parts := span.split("-")) and len(parts) == 2 and all(p.isdigit() for p in parts):
+        return path, int(parts[0]), int(parts[1])
+    return str(item), 0, None
+
+
+def _lines(path: Path, start: int, end: int | None):
+    """(line number, raw line) of a file's lines whose first byte is in [start, end); the number
+    of a piece's lines counted from the file's start only when asked (a bad record's message)."""
+    if end is None:
+        with _open(path) as f:
+            yield from ((n, raw) for n, raw in enumerate(f, 1))
+        return
+    with open(path, "rb") as f:
+        if start:
+            f.seek(start - 1)
+            f.readline()   # the line holding byte start - 1 is the previous piece's
+        rel = 0
+        while f.tell() < end and (raw := f.readline()):
+            rel += 1
+            yield _PieceLine(path, start, rel), raw
+
+
+class _PieceLine:
+    """A line number within a piece, formatted as the file's line number: the lines begun before
+    the piece (one at 0, one after each newline before byte start - 1), counted on first use."""
+
+    def __init__(self, path: Path, start: int, rel: int):
+        self.path, self.start, self.rel = path, start, rel
+
+    def __add__(self, n: int) -> "_PieceLine":
+        return _PieceLine(self.path, self.start, self.rel + n)
+
+    def __str__(self) -> str:
+        before, left = 1, self.start - 1
+        with open(self.path, "rb") as f:
+            while left > 0 and (block := f.read(min(left, 1 << 22))):
+                before += block.count(b"\n")
+                left -= len(block)
+        return str(before + self.rel) if self.start else str(self.rel)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 def _file_records(kind: str, path: Path, field: str) -> Iterator[tuple[int, str | None, str | None]]:
-    """(line, text, reason) of one file; a file that cannot be read (any more) ends in one
-    ``unreadable`` record."""
-    line = 0
+    """(line, text, reason) of one file, or of a piece of one (`piece`); a file that cannot be read
+    (any more) ends in one ``unreadable`` record."""
+    path, start, end = split_piece(path)
+    path = Path(path)
+    line = 0 if end is None else _PieceLine(path, start, 0)
     try:
         if kind == "text":
             with _open(path) as f:
@@ -65,8 +123,7 @@ def _file_records(kind: str, path: Path, field: str) -> Iterator[tuple[int, str 
             except UnicodeDecodeError:
                 yield 1, None, "invalid_utf8"
         elif kind == "jsonl":
-            with _open(path) as f:
-                for line, raw in enumerate(f, 1):
+            for line, raw in _lines(path, start, end):
                     if not raw.strip():
                         continue
                     try:
@@ -116,7 +173,9 @@ def records(kind: str, inputs, text_field: str) -> Iterator[Record]:
         for line, text, reason in rows:
             if reason is None and not text.strip():
                 reason, text = "empty", None
-            yield Record(number, f"{item}:{line}", text if reason is None else None, reason)
+            # where: a bad record's file and line (a good one's only its input: no line formatted)
+            where = f"{split_piece(item)[0]}:{line}" if reason is not None else str(item)
+            yield Record(number, where, text if reason is None else None, reason)
             number += 1
 
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from marin.config import derive
 from marin.data import mixture, sampling
-from marin.data.prepare import prepare
+from marin.data.prepare import open_prepared, prepare
 from marin.data.tokenizers import check_vocab, load_tokenizer
 
 log = logging.getLogger("marin.data")
@@ -88,7 +88,7 @@ class Loader:
         self.source_names = [s.name for s in self.sources]
         self.phase_names = [mixture.phase_name(cfg, p) for p in range(mixture.num_phases(cfg))]
         self.boundaries = mixture.boundary_steps(cfg)
-        self.shards, self.eval_shards = prepared or prepare(cfg, progress=progress)
+        self.shards, self.eval_shards = prepared or self._open_sources(progress)
         weights = np.asarray([s.weights for s in self.sources], np.float64).T  # [phases, S]
         self._cdf = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
         self._last_positive = [int(np.flatnonzero(w > 0)[-1]) for w in weights]
@@ -100,6 +100,19 @@ class Loader:
         self._eval = self._eval_bpt = None
         self._seen = (0, {})  # (step, totals): tokens_seen is incremental for increasing steps
         self._anchor = None  # data.sampling=epoch after `resume`: (step, saved rows, rows offset [S])
+
+    def _open_sources(self, progress: bool) -> tuple:
+        """The prepared sources: with `data.verify_inputs` (auto: a one-process run) planned from the
+        input files (`prepare`: changed or missing ones tokenized now); without, opened through their
+        config's pointers to the last preparation, reading no input file (`open_prepared`), or
+        prepared when one has none."""
+        if not derive.verify_inputs(self.cfg.data.verify_inputs, self.process_count):   # resolved: a bool
+            opened = open_prepared(self.cfg, self.tokenizer)
+            if opened is not None:
+                log.info("data: opened the last preparation of each source without checking its input files "
+                         "(data.verify_inputs=false; run python -m marin.data.prepare after changing them)")
+                return opened
+        return prepare(self.cfg, progress=progress)
 
     def _plan_epochs(self, weights: np.ndarray) -> None:
         """What `data.sampling=epoch` derives once: each phase's row intervals and the rows every

@@ -39,7 +39,7 @@ from marin.data.tokenizers import load_tokenizer
 from marin.model.accounting import offload_estimate  # resolves offload `auto` (pure Python)
 
 log = logging.getLogger("marin.data")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3   # in the cache key: a bump re-tokenizes old caches once (3: the index as columns)
 SAMPLE_CHARS = 1_000_000   # text tokenized to estimate a source's tokens
 Shard = ShardedSource      # a prepared source, as the loader knows it
 
@@ -62,14 +62,31 @@ def _files(kind: str, paths, root: Path) -> list[Path]:
     return files
 
 
-def source_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int = 2**31) -> str:
+def _inputs(kind: str, paths, root: Path, files: list[Path] | None = None) -> list:
+    """What a source's cache content depends on: every file's (path, size, modification time), or
+    the built-in text's fingerprints (globs, unless given `files`, and stats every file)."""
+    if kind == "builtin":   # its text, and how it is cut into groups (the shards follow the groups)
+        return [f"{builtin.fingerprint(loc)}:groups-{builtin.GROUP_CHARS}" for loc in paths]
+    files = _files(kind, paths, root) if files is None else files
+    return [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in files]
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:24]
+
+
+def source_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int = 2**31,
+               inputs: list | None = None) -> str:
     """Hash of what the cache's content depends on (changes when any file changes)."""
-    if kind == "builtin":
-        content = [builtin.fingerprint(loc) for loc in paths]
-    else:
-        content = [(str(p.resolve()), (s := p.stat()).st_size, s.st_mtime_ns) for p in _files(kind, paths, root)]
-    blob = json.dumps([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, content])
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    inputs = _inputs(kind, paths, root) if inputs is None else inputs
+    return _hash([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, inputs])
+
+
+def config_key(kind: str, paths, text_field: str, tokenizer, root: Path, shard_tokens: int) -> str:
+    """Hash of a source's config alone (its path patterns, not the files they match): the name of
+    the pointer (`pointer_path`) to its last preparation, found without touching the input files."""
+    where = [builtin.fingerprint(loc) for loc in paths] if kind == "builtin" else [str(root / p) for p in paths]
+    return _hash([FORMAT_VERSION, tokenizer.fingerprint, kind, text_field, shard_tokens, where])
 
 
 def _entries(cfg):
@@ -86,18 +103,32 @@ def source_plan(cfg, entry, tok, root: Path, cache: Path, here: bool = True) -> 
     """One source's plan; `here=False` (a dry run) tolerates files and tokenizer not on this machine."""
     field, name, kind, paths, text_field, tokens = entry
     limit = cfg.data.shard_tokens
+    inputs, ckey = [], ""
     try:
-        if kind == "builtin":
-            groups = [([loc], 0) for loc in paths]
+        files = _files(kind, paths, root)
+        if kind == "builtin":   # each location cut into groups of consecutive documents
+            split = [(loc, r) for loc in paths for r in builtin.ranges(loc)]
+            groups, ranges = [([loc], r[2]) for loc, r in split], [[r[0], r[1]] for _, r in split]
         else:
-            groups = prepare_tasks.group_files(_files(kind, paths, root), limit)
-        key = source_key(kind, paths, text_field, tok, root, limit) if tok is not None else "(tokenizer not here)"
+            groups, ranges = prepare_tasks.group_files(files, limit, kind), []
+        if tok is not None:
+            inputs = _inputs(kind, paths, root, files)
+            key = source_key(kind, paths, text_field, tok, root, limit, inputs)
+            ckey = config_key(kind, paths, text_field, tok, root, limit)
+        else:
+            key = "(tokenizer not here)"
     except UnreadableSource as err:
         if here:
             raise UnreadableSource(f"{field} ({name}): {err}") from err
-        groups, key = [], "(files not here)"
+        groups, ranges, key = [], [], "(files not here)"
     return SourcePlan(field, name, kind, text_field, key, str(cache / key), [g for g, _ in groups],
-                      [b for _, b in groups], tokens)
+                      [b for _, b in groups], tokens,
+                      pointer=str(pointer_path(cache, ckey)) if ckey else "", inputs=inputs,
+                      group_records=ranges)
+
+
+def pointer_path(cache: Path, ckey: str) -> Path:
+    return cache / "by-config" / f"{ckey}.json"
 
 
 def plan(cfg, here: bool = True) -> Plan:
@@ -125,7 +156,35 @@ def task_count(cfg, p: Plan) -> int:
 
 
 def _open_all(p: Plan) -> list[ShardedSource]:
-    return [ShardedSource.open(s.name, Path(s.dir)) for s in p.sources]
+    """Every source of `p` (all indexed), its pointer (re)written: the config now names this cache."""
+    opened = [ShardedSource.open(s.name, Path(s.dir)) for s in p.sources]
+    for s, src in zip(p.sources, opened):
+        prepare_tasks.write_pointer(s, src.index)
+    return opened
+
+
+def open_prepared(cfg, tok) -> tuple[list[Shard | None], dict[str, Shard]] | None:
+    """What `prepare(cfg)` returns, found through each source's pointer (`config_key`) without
+    globbing or reading an input file; None when a source has no pointer or its pointer and index
+    disagree (the caller then plans from the inputs). The cache a pointer names is one whole
+    preparation (content-keyed, indexed last): changed inputs make a new cache and move the pointer,
+    so an opened source is never a mix of old and new input."""
+    cfg = with_eval_subsets(cfg)
+    root, cache, limit = mixture.data_root(cfg), cache_dir(cfg), cfg.data.shard_tokens
+    opened = []
+    for field, name, kind, paths, text_field, _ in _entries(cfg):
+        try:
+            pointer = json.loads(pointer_path(cache, config_key(kind, paths, text_field, tok, root, limit)).read_text())
+            src = ShardedSource.open(name, Path(pointer["dir"]))
+        except (OSError, ValueError, KeyError):
+            return None
+        if (src.index.get("key"), src.index.get("inputs")) != (pointer["key"], pointer["inputs"]):
+            log.warning("%s (%s): its pointer and its index disagree: planning from the input files", field, name)
+            return None
+        opened.append(src)
+    it = iter(opened)
+    shards = [next(it) if any(w > 0 for w in s.weights) else None for s in mixture.sources(cfg)]
+    return shards, {e.name: next(it) for e in cfg.data.eval_sets}
 
 
 BAR_DELAY_S = 1.0  # a tokenizing bar appears once a source has taken this long
@@ -199,7 +258,7 @@ def estimate_tokens(source: SourcePlan, tok) -> tuple[float | None, str]:
     if tok is None or not source.groups:
         return None, "unknown"
     texts, chars = [], 0
-    for rec in records(source.kind, [f for g in source.groups for f in g], source.text_field):
+    for rec in records(source.kind, source.inputs_in_order, source.text_field):
         if chars >= SAMPLE_CHARS and source.kind != "builtin":
             break
         if rec.text is not None:
@@ -221,13 +280,14 @@ def describe(p: Plan, cfg, out=None) -> None:
         tok = load_tokenizer(p.tokenizer)
     except (OSError, ValueError):
         tok = None
-    rate, cpus = cfg.data.tokens_per_core_s, cfg.hardware.cpus_per_task
+    rate, rate_from = derive.tokenize_rate(cfg.data.tokens_per_core_s)
+    cpus = cfg.hardware.cpus_per_task
     total_tokens, total_shards = 0.0, 0
     print(f"{'source':<24} {'files':>7} {'bytes':>16} {'est. tokens':>18} {'shards':>7}  estimate", file=out)
     for s in p.sources:
         tokens, how = estimate_tokens(s, tok)
         n = prepare_tasks.estimated_shards(s, tokens, p.shard_tokens)
-        files = f"{sum(len(g) for g in s.groups):,}" if s.groups and s.kind != "builtin" else "-"
+        files = f"{len(s.files):,}" if s.groups and s.kind != "builtin" else "-"
         total_tokens += tokens or 0
         total_shards += n
         shown = f"{tokens:,.0f}" if tokens is not None else "?"
@@ -239,8 +299,8 @@ def describe(p: Plan, cfg, out=None) -> None:
     print(f"total: {len(p.sources)} sources, {total_tokens:,.0f} tokens (est.), {total_shards:,} shards of ≤ "
           f"{p.shard_tokens:,} tokens, {len(p.units):,} file groups", file=out)
     print(f"run: {tasks:,} tasks on {where}, {cores:,} cores at {rate:,.0f} tokens/s per core "
-          f"(data.tokens_per_core_s): {derive.preparation_hours(total_tokens, rate, 1):,.1f} core-hours, "
-          f"{hours:,.2f} hours", file=out)
+          f"(data.tokens_per_core_s, {rate_from}): {derive.preparation_hours(total_tokens, rate, 1):,.1f} "
+          f"core-hours, {hours:,.2f} hours", file=out)
     print(f"cache: {cache_dir(cfg)}", file=out)
 
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import itertools
+import json
 import logging
 import math
 import os
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from marin.data import shards
-from marin.data.documents import BAD_REASONS, UnreadableSource, records
+from marin.data.documents import BAD_REASONS, UnreadableSource, piece, records, split_piece
 from marin.data.tokenizers import load_tokenizer, token_dtype
 
 log = logging.getLogger("marin.data")
@@ -56,6 +59,25 @@ class SourcePlan:
     groups: list[list[str]]   # inputs (file paths; builtin: locations) of each group
     group_bytes: list[int]
     tokens: int | None = None  # available tokens, from the config (the cells' table)
+    pointer: str = ""   # <cache>/by-config/<config key>.json: names this cache once it is indexed
+    inputs: list = field(default_factory=list)   # the inputs record (files, sizes, mtimes) of `key`
+    # per group: [first, end) of the records of its inputs it holds, or None (all of them): a large
+    # input split into several groups (the built-in text, `marin.data.builtin.ranges`)
+    group_records: list = field(default_factory=list)
+
+    def records_of(self, g: int) -> tuple[int, int | None]:
+        r = self.group_records[g] if g < len(self.group_records) else None
+        return (0, None) if r is None else (r[0], r[1])
+
+    @property
+    def inputs_in_order(self) -> list[str]:
+        """Every input once, in order (split inputs are named by several groups)."""
+        return list(dict.fromkeys(f for g in self.groups for f in g))
+
+    @property
+    def files(self) -> list[str]:
+        """Every input file once, in order (a split file's pieces counted as one)."""
+        return list(dict.fromkeys(split_piece(f)[0] for g in self.groups for f in g))
 
 
 @dataclass
@@ -71,17 +93,31 @@ class Plan:
         return [(s, g) for s, src in enumerate(self.sources) for g in range(len(src.groups))]
 
 
-def group_files(files: list[Path], limit: int) -> list[tuple[list[str], int]]:
-    """Consecutive files of at most `limit` bytes together (a larger file alone): (paths, bytes)."""
+# An uncompressed JSONL file larger than this is cut into pieces of this many bytes (each a group,
+# its lines those beginning in it: `marin.data.documents.piece`), so a pool balances a corpus of a
+# few large files; fixed by the files alone, never by the task count.
+PIECE_BYTES = 64 << 20
+
+
+def _pieces(f: Path, size: int, kind: str) -> list[tuple[str, int]]:
+    if kind != "jsonl" or f.suffix == ".gz" or size <= PIECE_BYTES:
+        return [(str(f), size)]
+    return [(piece(f, a, min(a + PIECE_BYTES, size)), min(PIECE_BYTES, size - a)) for a in range(0, size, PIECE_BYTES)]
+
+
+def group_files(files: list[Path], limit: int, kind: str = "") -> list[tuple[list[str], int]]:
+    """Consecutive inputs of at most `limit` bytes together (a larger one alone): (inputs, bytes);
+    a large uncompressed JSONL file's inputs are its pieces (`PIECE_BYTES`), each a group alone."""
     groups: list[tuple[list[str], int]] = []
     for f in files:
-        size = f.stat().st_size
-        if groups and groups[-1][1] + size <= limit:
-            groups[-1][0].append(str(f))
-            groups[-1] = (groups[-1][0], groups[-1][1] + size)
-        else:
-            groups.append(([str(f)], size))
-    return groups
+        pieces = _pieces(f, f.stat().st_size, kind)
+        for item, size in pieces:
+            if len(pieces) == 1 and groups and groups[-1][1] + size <= limit and not groups[-1][2]:
+                groups[-1][0].append(item)
+                groups[-1] = (groups[-1][0], groups[-1][1] + size, False)
+            else:
+                groups.append(([item], size, len(pieces) > 1))
+    return [(g, b) for g, b, _ in groups]
 
 
 def assign(plan: Plan, count: int) -> None:
@@ -101,17 +137,17 @@ def assign(plan: Plan, count: int) -> None:
 
 # ----------------------------------------------------------------------------------- one group
 
-def _existing(src_dir: Path, group: int, full: bool = True) -> tuple[list[dict], int, bool]:
+def _existing(src_dir: Path, group: int, full: bool = True, first: int = 0) -> tuple[list[dict], int, bool]:
     """The group's shards already made that verify (`full`: their hashes too, else their sizes),
-    in order, until the first missing or damaged one: (manifests, record to restart at, whether
-    the group is complete)."""
+    in order, until the first missing or damaged one: (manifests, record to restart at (`first`, its
+    first record, when none is made), whether the group is complete)."""
     done, part = [], 0
     while (m := shards.verify_shard(src_dir / shards.shard_id(group, part), full)) is not None:
         done.append(m)
         if m["last"]:
             return done, m["records"][1], True
         part += 1
-    return done, (done[-1]["records"][1] if done else 0), False
+    return done, (done[-1]["records"][1] if done else first), False
 
 
 def _adopt(src_dir: Path, group: int, done: list[dict]) -> bool:
@@ -189,14 +225,18 @@ def run_group(plan: Plan, s: int, g: int, tok, progress=None) -> list[dict]:
 def _run_group(plan: Plan, s: int, g: int, tok, progress) -> list[dict]:
     source = plan.sources[s]
     src_dir = Path(source.dir)
-    done, start, complete = _existing(src_dir, g)
+    first, end = source.records_of(g)
+    done, start, complete = _existing(src_dir, g, first=first)
     if complete:
         return done
     dtype = token_dtype(tok.vocab_size)
     eos = np.asarray([] if tok.eos_id is None else [tok.eos_id], np.uint32)
     part = _Part(src_dir, g, len(done), start, dtype)
     position = {"from": start}   # records before it are in shards already made (read, not tokenized)
-    stream = (r for r in records(source.kind, source.groups[g], source.text_field) if r.number >= position["from"])
+    inputs = records(source.kind, source.groups[g], source.text_field)
+    if end is not None:   # the group's share of a split input
+        inputs = itertools.takewhile(lambda r: r.number < end, inputs)
+    stream = (r for r in inputs if r.number >= position["from"])
     try:
         for rec, ids in _encoded(stream, tok, eos):
             if rec.number < position["from"]:
@@ -238,7 +278,7 @@ def finalize(plan: Plan, s: int) -> bool:
     src_dir = Path(source.dir)
     manifests = []
     for g in range(len(source.groups)):
-        done, _, complete = _existing(src_dir, g, full=False)   # their tasks hashed them
+        done, _, complete = _existing(src_dir, g, full=False, first=source.records_of(g)[0])   # their tasks hashed them
         if not complete:
             return False
         manifests += done
@@ -251,13 +291,42 @@ def finalize(plan: Plan, s: int) -> bool:
         first = next((m["first_bad"] for m in manifests if m["first_bad"]), None)
         raise UnreadableSource(f"{source.field} ({source.name}): the source is empty: no readable document "
                                f"({corrupt} corrupt skipped){'; the first: ' + first if first else ''}")
-    shards.write_index(src_dir, source.name, manifests,
-                       {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
-                        "corrupt": corrupt, "counts": counts})
+    inputs = write_inputs(src_dir, source.inputs)
+    index = shards.write_index(src_dir, source.name, manifests,
+                               {"key": source.key, "kind": source.kind, "tokenizer": plan.tokenizer,
+                                "corrupt": corrupt, "counts": counts, "inputs": inputs})
+    write_pointer(source, index)
     if corrupt:
         log.warning("source %s: skipped %d bad input record(s) of %d", source.name, corrupt,
                     corrupt + sum(m["documents"] for m in manifests))
     return True
+
+
+INPUTS = "inputs.json"
+
+
+def write_inputs(src_dir: Path, inputs: list) -> str:
+    """The inputs record (every file's path, size and modification time, as the cache key hashed
+    them) beside the index; its hash, which the index and the source's pointer both hold."""
+    data = json.dumps(inputs).encode()
+    shards._atomic_write(src_dir / INPUTS, data)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def write_pointer(source: SourcePlan, index: dict) -> None:
+    """Point the source's config key at this (indexed) cache: what a training process opens
+    without planning (`marin.data.prepare.open_prepared`)."""
+    if not source.pointer:
+        return
+    pointer = Path(source.pointer)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": source.key, "dir": source.dir, "inputs": index.get("inputs"), "name": source.name}
+    try:
+        if json.loads(pointer.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass
+    shards._atomic_write(pointer, json.dumps(record, indent=1).encode())
 
 
 def run_task(plan: Plan, task: int, progress=None) -> int:

@@ -8,9 +8,12 @@ A source's folder (``<cache>/<key>/``) holds:
   its bad-input counts, the input records it covers). A group is a fixed run of the source's input
   files (by name and size, never by the task count); a part is the next ≤ `data.shard_tokens`
   tokens of its documents, so shard names and contents do not depend on which task made them.
-- ``index.json``: the shards in stream order (group, then part), with each one's tokens,
-  documents, cumulative starts and manifest hash. Written last, atomically: a source with an index
-  is complete.
+- ``index.json`` (small, whatever the shard count): the source's totals, dtype and bad-input counts,
+  and the name of its column table ``index-<hash>.npy``: int64 [shards, 4] of each shard's group,
+  part, token start and document start in stream order (group, then part); and
+  ``index-manifests.json``: each shard's id and manifest hash (for audits; opening does not read
+  it). The index is written last, atomically, after its table: a source with an index is complete.
+  Opening a source reads two small files, so start does not grow with the shard count.
 
 A shard is written under a temporary name (``mkdtemp``: unique, created with O_EXCL), hashed, and
 renamed into place (atomic); a preparer that finds the name taken keeps the shard already there if
@@ -18,7 +21,7 @@ it verifies. So two preparers at once never corrupt a shard (`marin.data.prepare
 each group under a lock, so they do not repeat each other's work), and a killed one leaves only a
 temporary folder (removed by the next preparer of that shard).
 
-`ShardedSource` opens a source by reading its index alone; a shard's files are memory-mapped the
+`ShardedSource` opens a source by reading its index and column table alone; a shard's files are memory-mapped the
 first time a row reads them. Its `tokens` (indexable like an array) and `document_of` present the
 shards as one stream; `offsets` (the whole stream's document starts) is built on first use, for
 code that still searches it directly.
@@ -26,6 +29,7 @@ code that still searches it directly.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -35,8 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = 2
+FORMAT = 3   # 3: the index's per-shard numbers as a column table (2: a JSON entry per shard)
 INDEX, MANIFEST, TOKENS, OFFSETS = "index.json", "manifest.json", "tokens.bin", "offsets.npy"
+MANIFESTS = "index-manifests.json"
+GROUP, PART, TOKEN_START, DOCUMENT_START = range(4)   # the columns of the index table
 _HASH_BLOCK = 1 << 22
 
 
@@ -138,19 +144,39 @@ def remove_temporaries(source_dir: Path, sid: str) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _parse_id(sid: str) -> tuple[int, int]:
+    group, part = sid.split("-")
+    return int(group), int(part)
+
+
 def write_index(source_dir: Path, name: str, manifests: list[dict], extra: dict) -> dict:
-    """The source's index over `manifests` (in stream order), written atomically."""
-    tokens = np.cumsum([0, *(m["tokens"] for m in manifests)])
-    docs = np.cumsum([0, *(m["documents"] for m in manifests)])
+    """The source's index over `manifests` (in stream order): its column table and manifest list
+    first, then ``index.json`` naming the table, each written atomically. Returns the index."""
+    table = np.zeros((len(manifests), 4), np.int64)
+    if manifests:
+        table[:, [GROUP, PART]] = [_parse_id(m["shard"]) for m in manifests]
+        table[:, TOKEN_START] = np.cumsum([0, *(m["tokens"] for m in manifests[:-1])])
+        table[:, DOCUMENT_START] = np.cumsum([0, *(m["documents"] for m in manifests[:-1])])
+    buf = io.BytesIO()
+    np.save(buf, table)
+    data = buf.getvalue()
+    table_name = f"index-{hashlib.blake2b(data, digest_size=8).hexdigest()}.npy"   # content-named: a
+    _atomic_write(source_dir / table_name, data)   # rewrite never changes a table an index names
+    listing = _dumps([[m["shard"], manifest_hash(m)] for m in manifests]).encode()
+    _atomic_write(source_dir / MANIFESTS, listing)
     index = {"format": FORMAT, "name": name, "dtype": manifests[0]["dtype"] if manifests else "uint16",
-             "tokens": int(tokens[-1]), "documents": int(docs[-1]), **extra,
-             "shards": [{"id": m["shard"], "tokens": m["tokens"], "documents": m["documents"],
-                         "token_start": int(t), "document_start": int(d), "manifest": manifest_hash(m)}
-                        for m, t, d in zip(manifests, tokens, docs)]}
-    fd, tmp = tempfile.mkstemp(prefix=f".{INDEX}.", dir=source_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(_dumps(index))
-    os.replace(tmp, source_dir / INDEX)
+             "tokens": int(sum(m["tokens"] for m in manifests)),
+             "documents": int(sum(m["documents"] for m in manifests)), **extra,
+             "shards": len(manifests), "table": table_name,
+             "manifests": hashlib.blake2b(listing, digest_size=32).hexdigest()}
+    _atomic_write(source_dir / INDEX, _dumps(index).encode())
     return index
 
 
@@ -160,6 +186,14 @@ def read_index(source_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return index if index.get("format") == FORMAT else None
+
+
+def read_table(source_dir: Path, index: dict) -> np.ndarray:
+    """The index's column table: int64 [shards, 4] (`GROUP`, `PART`, `TOKEN_START`, `DOCUMENT_START`)."""
+    table = np.load(source_dir / index["table"])
+    if table.shape != (index["shards"], 4):
+        raise ValueError(f"{source_dir / index['table']}: shape {table.shape}, expected ({index['shards']}, 4)")
+    return table
 
 
 class _Tokens:
@@ -213,9 +247,11 @@ class ShardedSource:
         return cls(name, Path(path), index)
 
     def __post_init__(self):
-        shards = self.index["shards"]
-        self._token_starts = np.asarray([s["token_start"] for s in shards] or [0], np.int64)
-        self._doc_starts = np.asarray([s["document_start"] for s in shards] or [0], np.int64)
+        table = read_table(self.path, self.index)
+        self._table = table
+        self._token_starts = table[:, TOKEN_START].copy() if len(table) else np.zeros(1, np.int64)
+        self._doc_starts = table[:, DOCUMENT_START].copy() if len(table) else np.zeros(1, np.int64)
+        self._token_ends = np.append(self._token_starts[1:], self.num_tokens)
         self.tokens = _Tokens(self)
 
     @property
@@ -232,13 +268,20 @@ class ShardedSource:
 
     @property
     def shard_ids(self) -> list[str]:
-        return [s["id"] for s in self.index["shards"]]
+        return [shard_id(int(g), int(p)) for g, p in self._table[:, [GROUP, PART]]]
+
+    @property
+    def shard_tokens(self) -> np.ndarray:
+        """int64 [shards]: each shard's tokens."""
+        return self._token_ends - self._token_starts if len(self._table) else np.zeros(0, np.int64)
 
     def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Shard k's (tokens, offsets), memory-mapped on first use."""
         if k not in self._open:
-            entry, folder = self.index["shards"][k], self.path / self.index["shards"][k]["id"]
-            tokens = np.memmap(folder / TOKENS, dtype=self.index["dtype"], mode="r", shape=(entry["tokens"],))
+            folder = self.path / shard_id(int(self._table[k, GROUP]), int(self._table[k, PART]))
+            size = int(self._token_ends[k] - self._token_starts[k])
+            tokens = np.memmap(folder / TOKENS, dtype=self.index["dtype"], mode="r", shape=(size,)) if size \
+                else np.zeros(0, self.index["dtype"])   # an empty file cannot be mapped (a piece with no line)
             self._open[k] = (tokens, np.load(folder / OFFSETS, mmap_mode="r"))
         return self._open[k]
 
@@ -259,7 +302,7 @@ class ShardedSource:
         """int64 [documents + 1]: every document's start in the stream, plus its end (all shards'
         offsets read; a one-shard source's are its memory-mapped file)."""
         if self._offsets is None:
-            n = len(self.index["shards"])
+            n = int(self.index["shards"])
             if n == 1:
                 self._offsets = self._shard(0)[1]
             else:

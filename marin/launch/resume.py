@@ -53,7 +53,8 @@ from marin.train.checkpoint import (
 
 log = logging.getLogger("marin.resume")
 
-IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "train.stop_after", "train.stop_at")   # not changes of the run
+IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "train.stop_after", "train.stop_at",
+           "data.tokens_per_core_s")   # not changes of the run (the last: a preparation plan's figure, auto = measured)
 PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 

@@ -2,6 +2,7 @@
 killed task resumed to the uninterrupted result, bad input counted or refused, the plan."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -47,11 +48,10 @@ def test_one_task_and_three_tasks_make_identical_shards(tmp_path):
     prepare.run_pool(p3, progress=False)   # three pool workers
     index, files = fingerprint(one)
     assert (index, files) == fingerprint(three)
-    meta = json.loads(index)
-    assert len(meta["shards"]) > len(p1.units)   # some groups cut into several parts
-    assert all(s["tokens"] <= 600 for s in meta["shards"])
-    # the stream is the documents of the files in order, each ended by the end-of-document id
     src = shards.ShardedSource.open("a", Path(p1.sources[0].dir))
+    assert json.loads(index)["shards"] == len(src.shard_ids) > len(p1.units)   # some groups cut into several parts
+    assert src.shard_tokens.max() <= 600 and src.shard_tokens.sum() == src.num_tokens
+    # the stream is the documents of the files in order, each ended by the end-of-document id
     text = bytes(t for t in src.tokens[:] if t < 256).decode()
     expected = "".join(json.loads(line)["text"] for f in sorted((tmp_path / "in").iterdir())
                        for line in f.read_text().splitlines())
@@ -232,3 +232,55 @@ def test_the_command_names_the_source_that_failed(tmp_path, capsys):
     assert prepare.main([*common, "data.max_bad_fraction=1.0"]) == 2
     assert error().startswith("error: data.sources[0] (a): the source is empty: no readable document "
                                               "(2 corrupt skipped); the first: ")
+
+
+def test_a_large_builtin_source_splits_into_groups_and_the_stream_keeps_its_order(tmp_path, monkeypatch):
+    """A process pool balances a large input only if it is several groups: the built-in text is
+    cut into runs of documents (by characters), and the stream is the same whatever the tasks."""
+    from marin.data import builtin
+
+    monkeypatch.setattr(builtin, "GROUP_CHARS", 60_000)   # small groups, a small cap: a quick test
+    monkeypatch.setitem(builtin.CAPS, "train", 200_000)
+    builtin.sizes.cache_clear()
+    corpus(tmp_path)
+    try:
+        cfgs = [_cfg(tmp_path, f"c{n}", prepare_tasks=n, shard_tokens=10**8) for n in (1, 3)]
+        for c in cfgs:
+            c.data.sources = [dataclasses.replace(c.data.sources[0], kind="builtin", paths=["stdlib"])]
+        p1, p3 = prepare.plan(cfgs[0]), prepare.plan(cfgs[1])
+        (src,) = p1.sources
+        assert len(src.groups) >= 3 and src.group_records[0][0] == 0
+        assert [r[1] for r in src.group_records[:-1]] == [r[0] for r in src.group_records[1:]]   # contiguous
+        assert len(p3.tasks) == 3
+        prepare.run_pool(p1, progress=False)
+        prepare.run_pool(p3, progress=False)
+        assert fingerprint(cfgs[0]) == fingerprint(cfgs[1])
+        opened = shards.ShardedSource.open("a", Path(src.dir))
+        assert len(opened.shard_ids) == len(src.groups)
+        text = bytes(t for t in opened.tokens[:] if t < 256).decode()
+        assert text == "".join(builtin.documents("stdlib"))
+    finally:
+        builtin.sizes.cache_clear()
+
+
+def test_a_large_jsonl_file_splits_into_pieces_with_the_same_stream(tmp_path, monkeypatch):
+    """One large file is several groups (byte pieces, each line in the piece its first byte is in):
+    the stream is the file's documents in order whatever the task count, and a bad line is named
+    by its line in the file."""
+    monkeypatch.setattr(prepare_tasks, "PIECE_BYTES", 1000)
+    (tmp_path / "in").mkdir()
+    texts = [f"document {d} " + "word " * (d % 37) for d in range(150)]
+    write_jsonl(tmp_path / "in" / "big.jsonl", texts, corrupt_at=[120])   # line 121 is malformed
+    cfgs = [_cfg(tmp_path, f"c{n}", prepare_tasks=n, shard_tokens=10**8, max_bad_fraction=0.5) for n in (1, 3)]
+    p1, p3 = prepare.plan(cfgs[0]), prepare.plan(cfgs[1])
+    (src,) = p1.sources
+    size = (tmp_path / "in" / "big.jsonl").stat().st_size
+    assert len(src.groups) == -(-size // 1000) and src.files == [str(tmp_path / "in" / "big.jsonl")]
+    prepare.run_pool(p1, progress=False)
+    prepare.run_pool(p3, progress=False)
+    assert fingerprint(cfgs[0]) == fingerprint(cfgs[1])
+    opened = shards.ShardedSource.open("a", Path(src.dir))
+    assert bytes(t for t in opened.tokens[:] if t < 256).decode() == "".join(texts)
+    assert opened.documents == 150 and opened.corrupt == 1
+    bad = [m["first_bad"] for m in (shards.read_manifest(opened.path / s) for s in opened.shard_ids) if m["first_bad"]]
+    assert bad == [f"{tmp_path / 'in' / 'big.jsonl'}:121: malformed json"]

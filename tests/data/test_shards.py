@@ -7,6 +7,7 @@ from marin.data import shards
 
 
 def _write(tmp_path, docs_per_shard):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     manifests = []
     for k, docs in enumerate(docs_per_shard):
         w = shards.ShardWriter(tmp_path, shards.shard_id(k, 0), np.uint16)
@@ -48,3 +49,15 @@ def test_a_second_writer_of_the_same_shard_keeps_the_whole_one(tmp_path):
     first = a.finish({})
     assert b.finish({}) == first
     assert [p.name for p in tmp_path.iterdir()] == ["000000-0000"]  # no temporary left
+
+
+def test_the_index_stays_small_whatever_the_shard_count(tmp_path):
+    """Opening reads the index and one column table: the JSON does not grow with the shards."""
+    few = _write(tmp_path / "few", [[[1, 9]]] * 3)
+    many = _write(tmp_path / "many", [[[1, 9]]] * 300)
+    size = lambda src: (src.path / shards.INDEX).stat().st_size
+    assert size(many) <= size(few) + 8   # a few more digits at most
+    assert many.shard_ids[299] == shards.shard_id(299, 0) and many.num_tokens == 600
+    np.testing.assert_array_equal(many.shard_tokens, 2)
+    np.testing.assert_array_equal(many.tokens[[0, 1, 598, 599]], [1, 9, 1, 9])
+    np.testing.assert_array_equal(many.document_of([0, 2, 599]), [1, 2, 300])

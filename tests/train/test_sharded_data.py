@@ -1,6 +1,6 @@
 """A run trained on data prepared as many shards by a process pool equals, bit for bit, one
-trained on the same data prepared in one process into one shard per source (230,000 tokens: the
-largest built-in document fits)."""
+trained on the same data prepared in one process into one shard per file group (the built-in text's
+groups: `marin.data.builtin.ranges`; 230,000 tokens: the largest built-in document fits)."""
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -33,5 +33,5 @@ def losses(tmp_path, name, *overrides, pool: bool):
 def test_training_on_sharded_data_equals_training_on_one_shard_per_source(tmp_path):
     one, one_shards = losses(tmp_path, "one", pool=False)
     many, many_shards = losses(tmp_path, "many", "data.shard_tokens=230000", "data.prepare_tasks=2", pool=True)
-    assert set(one_shards.values()) == {1} and min(many_shards.values()) >= 2, (one_shards, many_shards)
+    assert all(many_shards[n] > one_shards[n] for n in one_shards), (one_shards, many_shards)
     assert len(one) == 4 and one == many
