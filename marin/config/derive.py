@@ -126,6 +126,17 @@ def batch_shards(hw: HardwareConfig) -> int:
     return m.replica_dcn * int(m.data) * m.expert
 
 
+def drops_microbatches(cfg: Config, rows: int) -> int:
+    """Pieces the with-drops pass splits an eval batch of `rows` rows (all devices) into, so that
+    each device's MoE shard holds the training forward's rows (`train.micro_batch`): the capacity,
+    and so the drops, of the trained shard size. 1 where a batch holds no more rows per device
+    than training (the hero: 1 sequence per device against 16, as production's with-drops pass
+    ran), or does not split into whole micro-batches. Pure arithmetic: marin/train/step.py's eval step
+    splits by it, the eval memory estimate (marin/model/accounting.py) sizes that pass's buffers by it."""
+    per_device, micro = rows // batch_shards(cfg.hardware), cfg.train.micro_batch
+    return per_device // micro if per_device > micro and per_device % micro == 0 else 1
+
+
 def qk_mult_for_length(qk_mult_old: float, old_len: int, new_len: int) -> float:
     """Context-extension rule: qk_mult_new = qk_mult_old · (1 + 0.1 · ln(new_len / old_len))."""
     return qk_mult_old * (1.0 + 0.1 * math.log(new_len / old_len))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from marin.config.counts import Shapes, active_params_of, layer_is_global, total_params_of  # shapes: config arithmetic
 from marin.config.derive import OffloadCost, batch_shards, pooled_capacities, ragged_buffer_rows, remat_mode
+from marin.config.derive import drops_microbatches as derive_drops_microbatches
 from marin.config.derive import simulated_epoch_fraction as derive_fraction
 from marin.config.schema import Config
 from marin.model import loss_tiling  # pure Python: the fused loss's tile sizes
@@ -225,7 +226,14 @@ BACKWARD = {"D": 6.0, "X": 28.0, "A": 13.0, "LAT": 5.0, "HV": 1.0, "W": 3.0}
 ARENA = 1.08                  # the arena over a phase's live buffers (compiled rungs: ≈4–8%; hero more)
 UPDATE_LEAF = 2.0             # whole-leaf fp32 temporaries of the largest stacked leaf (momentum, direction)
 NS_COPIES = 6.0               # Newton–Schulz temporaries of one layer's slice of a matrix leaf
-EVAL = {"D": 3.0, "X": 4.0, "LC": 1.0, "HV": 1.0}
+# The eval step (one forward per pass, nothing saved; `eval_memory_per_device`), calibrated on the
+# compiled rung (peak in the loss) and hero (peak where the head is tiled), 2026-12 with the eval batch
+# of `train.eval_batch_size`: over the step, the head gathered and cut into vocabulary tiles (one HV,
+# hoisted out of both passes' losses) and, under FSDP, XLA:CPU's relayout of the sharded layer stacks
+# (hoisted out of both passes' layer scans); then the largest of three phases:
+EVAL_HEAD = {"HV": 1.0, "X": 3.0}       # tiling the head: the gathered, transposed copy it is cut from
+EVAL_LAYER = {"D": 3.0, "X": 4.0}       # one layer: its dispatch buffers (either pass) and the residual's arrays
+EVAL_LOSS = {"LC": 2.0}                 # one loss tile: the logits and their masked copy
 ATTN_SCORE_COPIES = 2.4       # reference attention: [B, H, T, T] fp32 arrays in one layer
 ATTN_SAVED_COPIES = 4.2       # the same arrays each layer keeps without remat
 # cuDNN 9.19's packed-row backward, bytes per (row, position, head, head dim) and document slot: one
@@ -352,10 +360,11 @@ def _state(cfg: Config) -> dict[str, float]:
     """Per device, bytes: parameters on the device and in host memory, all their gradients,
     the optimizer state, its largest leaf the step copies to the device whole (with
     optim.offload: MuonH streams its momentum per layer instead), the largest stacked MuonH leaf
-    and one layer's slice of the largest MuonH matrix, and one layer's non-expert weights
-    gathered whole (FSDP)."""
+    and one layer's slice of the largest MuonH matrix, one layer's non-expert weights
+    gathered whole (FSDP), and the FSDP-sharded non-expert layer stacks as one device holds them."""
     s = Shapes.of(cfg)
-    keys = ("params", "host_params", "grads", "moments", "staged", "muon_leaf", "muon_slice", "layer_weights")
+    keys = ("params", "host_params", "grads", "moments", "staged", "muon_leaf", "muon_slice", "layer_weights",
+            "layer_stacks")
     out = dict.fromkeys(keys, 0.0)
     for leaf in leaves_of(s):
         local = leaf.size / leaf_shards(leaf, cfg) * FP32
@@ -372,6 +381,8 @@ def _state(cfg: Config) -> dict[str, float]:
             out["muon_slice"] = max(out["muon_slice"], local / (s.L if stacked else 1))
         if leaf.path.startswith("layers/") and not leaf.expert and fsdp(cfg):
             out["layer_weights"] += leaf.size / s.L * FP32
+            if leaf_shards(leaf, cfg) > 1:
+                out["layer_stacks"] += local
     return out
 
 
@@ -494,22 +505,33 @@ def memory_per_device(cfg: Config, remat: bool | str | None = None, backend: str
 
 
 def eval_memory_per_device(cfg: Config, backend: str | None = None) -> float:
-    """GiB per device of the eval step: the parameters (jit drops the optimizer state, which the
-    step does not read) and the per-device eval batch (`train.eval_batch_size`) in one forward pass (no micro-batches, nothing saved):
-    the larger of one layer's buffers and one chunk of the loss. Dropless evaluation sizes the
-    dispatch buffers by `model.eval_dispatch`: `waves` reuses the training capacity, `unbounded`
-    gives every expert room for all T tokens. T is `train.eval_seq_len` (a context stage scores
-    at pretraining's length)."""
+    """GiB per device of the eval step (marin/train/step.py `make_eval_step`): the parameters (jit
+    drops the optimizer state, which the step does not read), the per-device eval batch
+    (`train.eval_batch_size`) and what XLA keeps over the whole step (`EVAL_*` above: the tiled
+    head, the relaid layer stacks), plus the largest phase of its forward passes (no micro-batches,
+    nothing saved): tiling the head, one layer, one loss tile. Two passes with `eval.with_drops`:
+    the dropless one sizes its dispatch buffers by `model.eval_dispatch` (`waves` reuses the
+    training capacity, `unbounded` gives every expert room for all T tokens); the with-drops one
+    runs the training transport on pieces of `train.micro_batch` rows (`derive.drops_microbatches`).
+    T is `train.eval_seq_len` (a context stage scores at pretraining's length)."""
 
     if isinstance(cfg.train.eval_seq_len, int) and cfg.train.eval_seq_len != cfg.train.seq_len:
         cfg = replace(cfg, train=replace(cfg.train, seq_len=cfg.train.eval_seq_len))
     t = cfg.train
+    backend = backend_of(cfg, backend)
     per_device = max(1, t.eval_batch_size // batch_shards(cfg.hardware))   # the eval batch's rows
-    u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend_of(cfg, backend))
-    resident = _state(cfg)["params"] + 16 * per_device * t.seq_len
-    layer = EVAL["D"] * u["D"] + EVAL["X"] * u["X"] + attention_bytes(cfg, per_device)
-    loss = EVAL["LC"] * u["LC"] + EVAL["HV"] * u["HV"]
-    return (resident + max(layer, loss)) / GIB
+    u = _units(cfg, per_device * t.seq_len, per_device, eval_dispatch=True, backend=backend)
+    state = _state(cfg)
+    tiled_head = u["HV"]                    # gathered once, cut into vocabulary tiles, kept for every loss
+    relaid_stacks = state["layer_stacks"]   # XLA:CPU's relayout of the FSDP-sharded stacks (counted on a GPU too)
+    resident = state["params"] + 16 * per_device * t.seq_len + tiled_head + relaid_stacks
+    layer = _copies(u, EVAL_LAYER) + attention_bytes(cfg, per_device)     # the dropless pass
+    if cfg.eval.with_drops is True:          # (resolved) the with-drops pass: the training transport on its pieces
+        piece = per_device // derive_drops_microbatches(cfg, t.eval_batch_size)
+        drops = _units(cfg, piece * t.seq_len, piece, backend=backend)
+        layer = max(layer, _copies(drops, EVAL_LAYER) + attention_bytes(cfg, piece))
+    phases = {"head": _copies(u, EVAL_HEAD), "layer": layer, "loss": _copies(u, EVAL_LOSS)}
+    return (resident + max(phases.values())) / GIB
 
 
 # --- What a verdict judges, and what offload moves over the host link ---

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marin.config.derive import batch_shards
+from marin.config.derive import batch_shards, drops_microbatches
 from marin.model import routers, transformer
 from marin.optim import build_optimizer
 from marin.optim.hparams import structure_key, values
@@ -165,16 +165,6 @@ def hyperparams(cfg, mesh):
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, replicated, lambda idx: x[idx]),
                         jax.tree.map(np.asarray, values(cfg)))
-
-
-def drops_microbatches(cfg, rows: int) -> int:
-    """Pieces the with-drops pass splits an eval batch of `rows` rows (all devices) into, so that
-    each device's MoE shard holds the training forward's rows (`train.micro_batch`): the capacity,
-    and so the drops, of the trained shard size. 1 where a batch holds no more rows per device
-    than training (the hero: 1 sequence per device against 16, as production's with-drops pass
-    ran), or does not split into whole micro-batches."""
-    per_device, micro = rows // batch_shards(cfg.hardware), cfg.train.micro_batch
-    return per_device // micro if per_device > micro and per_device % micro == 0 else 1
 
 
 def make_eval_step(cfg, mesh):

@@ -95,10 +95,40 @@ def test_eval_step_estimate_follows_its_dispatch_buffers():
     unbounded = make_config(RUNG, small_vocab, "model.eval_dispatch=unbounded", "dry_run=true")
     assert accounting.eval_memory_per_device(waves) == accounting.eval_memory_per_device(capped)
     s = accounting.Shapes.of(waves)
-    tokens = 16 * 4096  # per-device batch of the rung: 1,024 sequences over 64 devices
+    per_device = waves.train.eval_batch_size // derive.batch_shards(waves.hardware)   # the eval batch's rows
+    tokens = per_device * waves.train.seq_len
     rows = s.E * (tokens - accounting.capacity(tokens, s.k, s.E, waves.model.capacity_factor))
     buffer = rows * max(s.latent, s.I) * 4 / 2**30
     assert accounting.eval_memory_per_device(unbounded) - accounting.eval_memory_per_device(capped) >= buffer
+
+
+def test_eval_estimate_counts_the_with_drops_pass_at_the_training_transport():
+    """`eval.with_drops` runs a second pass at the training transport, on pieces of the training
+    micro-batch's rows (`derive.drops_microbatches`): with pooled receive buffers larger than the
+    dropless pass's E·C rows (a receive factor of 2), the estimate grows by at least their difference."""
+    overrides = (RUNG, "model.vocab_size=1024", "train.eval_batch_size=1024",   # 16 rows a device: one piece
+                 "model.ep_recv_capacity_factor=2.0", "dry_run=true")
+    with_drops = make_config(*overrides, "eval.with_drops=true")
+    dropless = make_config(*overrides, "eval.with_drops=false")
+    s, tokens = accounting.Shapes.of(with_drops), 16 * 4096
+    pooled = accounting.dispatch_rows(with_drops, tokens)
+    waves = s.E * accounting.capacity(tokens, s.k, s.E, with_drops.model.capacity_factor)
+    assert pooled > waves
+    buffer = (pooled - waves) * max(s.latent, s.I) * 4 / 2**30
+    grown = accounting.eval_memory_per_device(with_drops, "cpu") - accounting.eval_memory_per_device(dropless, "cpu")
+    assert grown >= buffer
+
+
+# Compiled on CPU (dry_run=compile, 2026-12, the eval batch of train.eval_batch_size: one row a device;
+# docs/memory.md): the rung peaks in a loss tile, the hero where it cuts the gathered head into tiles.
+COMPILED_EVAL_PEAK_GIB = {("experiment=ladder_d768",): 0.966, ("experiment=mochi_535b_a23b",): 7.708}
+
+
+@pytest.mark.parametrize("overrides", list(COMPILED_EVAL_PEAK_GIB))
+def test_eval_estimate_stays_within_20_percent_of_the_recorded_compiles(overrides):
+    """Without compiling (the slow tests compile anew): the eval step's estimate of the CPU compile."""
+    p = plan_module.plan(make_config(*overrides, "dry_run=true"))
+    assert p["memory_eval_cpu_compile_gib"] == pytest.approx(COMPILED_EVAL_PEAK_GIB[overrides], rel=0.2)
 
 
 def test_train_estimate_follows_the_transport_buffers():
