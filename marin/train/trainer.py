@@ -34,7 +34,7 @@ from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
 from marin.track.tracker import SYSTEM_METRICS_S, Tracker
-from marin.train import init_from, preempt, runlock
+from marin.train import cache_entries, init_from, preempt, runlock
 from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
@@ -403,6 +403,7 @@ def enable_compilation_cache(cfg) -> None:
         jax.config.update("jax_compilation_cache_dir", None)
         return
     jax.config.update("jax_compilation_cache_dir", path)
+    cache_entries.install()   # an entry is loaded only if it is the program its key names
     for option in ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes"):
         if option.upper() not in os.environ:
             jax.config.update(option, 0)
