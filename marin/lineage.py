@@ -40,7 +40,7 @@ class Link:
 
 
 def _resolved(run_dir: Path) -> dict:
-    return yaml.safe_load((run_dir / record.RESOLVED).read_text()) or {}
+    return record.load_config_file(run_dir / record.RESOLVED)
 
 
 def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None,

@@ -334,6 +334,8 @@ def render(args) -> str:
             try:  # not a run here: a sweep's parent id, or a name that is neither (the sweep's message)
                 show_sweep(args.target, args, out)
             except sweep.SweepNotFound as sweep_err:
+                if (Path(args.target).expanduser() / record.INFO).is_file():
+                    raise run_err from None   # a run directory whose files are damaged: the run's message
                 if Path(args.target).expanduser().is_dir():
                     raise record.RecordError(f"{args.target}: neither a run directory ({record.INFO}) nor a "
                                              "sweep directory (sweep.json)") from None
