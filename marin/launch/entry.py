@@ -30,6 +30,7 @@ from marin.launch.slurm import submit
 from marin.launch.verify import verify
 from marin.track import record, secrets
 from marin.track.backend import TrackingUnavailable
+from marin.track.errors import disk_full
 
 log = logging.getLogger("marin")
 
@@ -92,6 +93,10 @@ def _guarded(cfg: DictConfig, job_overrides: list[str]) -> None:
         _dispatch(cfg, job_overrides)
     except TrackingUnavailable as err:  # ours: one masked line, not Hydra's crash report (which prints the overrides)
         fail(str(err), code=1)
+    except Exception as err:
+        if full := disk_full(err):  # a checkpoint lost for want of space: one line, not the writes failing after it
+            fail(full, code=1)
+        raise
 
 
 def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:

@@ -21,6 +21,7 @@ passwords in URIs). The directory is always inside run.out_dir.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -465,6 +466,25 @@ def _scan_secrets(resolved: Config, overrides: list[str]) -> None:
     secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
 
 
+class _RunLog(logging.FileHandler):
+    """run.log's handler: on a full disk it stops, with one line on stderr, instead of printing
+    logging's "--- Logging error ---" and a traceback for every line logged after."""
+    full = False
+
+    def emit(self, record):
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record):  # noqa: N802 (logging's hook)
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            self.full = True
+            print(f"warning: {self.baseFilename}: no space left on device; run.log is not written from here on",
+                  file=sys.stderr)
+            return
+        super().handleError(record)
+
+
 def attach_log(rec) -> logging.Handler:
     """From now on this process's log lines also go to <run dir>/run.log (masked like stderr), so
     the run directory keeps its own log. Called where the record is made (process 0), as soon as
@@ -473,7 +493,7 @@ def attach_log(rec) -> logging.Handler:
     for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
         root.removeHandler(old)
         old.close()
-    handler = logging.FileHandler(Path(rec.run_dir) / LOG, encoding="utf-8")
+    handler = _RunLog(Path(rec.run_dir) / LOG, encoding="utf-8")
     handler.marin_run_log = True
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(secrets.MaskingFilter())
