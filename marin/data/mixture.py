@@ -17,6 +17,7 @@ import glob
 import gzip
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +117,9 @@ def phase_name(cfg, phase: int) -> str:
     return names[phase] if phase < len(names) else f"phase{phase}"
 
 
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", re.ASCII)
+
+
 def read_cells(cfg) -> tuple[list[Source], list[str]]:
     """The cells of `data.cells_file` (CSV) and the problems found reading it.
 
@@ -139,11 +143,19 @@ def read_cells(cfg) -> tuple[list[Source], list[str]]:
                     f"(one weight column per phase in data.phase_names)"]
     cells, problems = [], []
     for line, row in enumerate(rows, start=2):
-        try:
+        if not CELL_NAME.fullmatch(str(row.get("name"))):   # a name is a metric key and a path part
+            problems.append(f"{path.name} row {line} ({row.get('name')!r}): names are letters, digits, '_', '-' "
+                            f"and '.' (ASCII), starting with a letter or digit")
+            continue
+        numbers = [row["tokens"], *(row[c] for c in weight_cols)]
+        try:   # float() reads any script's digits ("٩١٢"): a table is ASCII
+            if not all(isinstance(v, str) and v.isascii() for v in numbers):
+                raise ValueError
             tokens = int(float(row["tokens"]))
             weights = tuple(float(row[c]) for c in weight_cols)
         except (TypeError, ValueError):
-            problems.append(f"{path.name} row {line} ({row.get('name')}): tokens and weights must be numbers")
+            problems.append(f"{path.name} row {line} ({row.get('name')}): tokens and weights must be numbers "
+                            f"written in ASCII")
             continue
         try:
             location = data.cells_paths.format(**row)
