@@ -112,8 +112,11 @@ def print_chain(links: list[Link], out=None) -> None:
 
 
 def published(name: str) -> dict | None:
-    path = PUBLISHED_DIR / f"{name}.yaml"
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    """The published lineage `name` (a file of conf/lineage/, by its stem; a path such as `../x`
+    names none: no other YAML is read)."""
+    if name not in {f.stem for f in PUBLISHED_DIR.glob("*.yaml")}:
+        return None
+    return yaml.safe_load((PUBLISHED_DIR / f"{name}.yaml").read_text())
 
 
 def print_published(data: dict, out=None) -> None:
