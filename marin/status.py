@@ -188,8 +188,8 @@ def print_table(parent, jobs: list[Job], closed: str | None, out=None) -> None:
 
 def _client(uri: str, clients: dict):
     if uri not in clients:
-        backend.check_reachable(uri)
-        clients[uri] = backend.client(uri)
+        backend.check_reachable(uri, create=False)   # a reader: never makes a store
+        clients[uri] = backend.client(uri, create=False)
     return clients[uri]
 
 
