@@ -37,3 +37,23 @@ def test_report_and_status_of_a_run_whose_store_is_gone_make_none(tmp_path, tool
     except SystemExit:
         pass
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_report_on_a_store_that_does_not_answer_gives_up_in_seconds(tmp_path, capsys):
+    """issue 42's probe: 250 s of MLflow's retries before a traceback; now the server's health is
+    asked first (a few seconds at most) and the answer is one line."""
+    import socket
+    import time
+
+    from marin import report
+
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = run_pointing_at(tmp_path, f"http://127.0.0.1:{port}")
+    began = time.monotonic()
+    with pytest.raises(SystemExit) as end:
+        report.main([str(run_dir), "--no-log"])
+    assert time.monotonic() - began < 15 and end.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "is not reachable" in line
