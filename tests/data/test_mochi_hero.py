@@ -158,3 +158,17 @@ def test_cell_names_and_numbers_are_plain_text(tmp_path, column, value, expected
         make_config(*HERO, f"data.cells_file={path}")
     [message] = [m for n, m in err.value.problems if n == "data.cells_file" and expected in m]
     assert "row 2" in message and "\n" not in message
+
+
+def test_a_cells_file_over_the_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """issue 42's probe: a million cells made a silent 10-minute dry run (a quadratic duplicate
+    check); a table past `mixture.MAX_CELLS` rows is refused in one line, the count in it."""
+    rows = _rows()
+    monkeypatch.setattr(mixture, "MAX_CELLS", len(rows) - 2)
+    path = tmp_path / "cells.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(ConfigError) as err:
+        make_config(*HERO, f"data.cells_file={path}")
+    [message] = [m for n, m in err.value.problems if n == "data.cells_file"]
+    assert f"lists {len(rows) - 1} cells; at most {len(rows) - 2}" in message
