@@ -67,6 +67,27 @@ def metric_rows(path: Path) -> list[dict]:
     return rows
 
 
+def forget_after(run_dir: str | Path, step: int) -> int:
+    """Drop the rows past `step` from metrics.jsonl and from the rows kept for MLflow's catch-up
+    (unsent_metrics.jsonl): a resume from checkpoint `step` logs the later steps again, and a run
+    killed after that checkpoint had logged them once already. Returns how many metrics.jsonl rows
+    went. The files are rewritten whole and renamed into place (a kill meanwhile leaves the old one)."""
+    dropped = 0
+    for name in (METRICS, UNSENT):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        text, rows = path.read_text(errors="replace"), metric_rows(path)
+        kept = [r for r in rows if r["step"] <= step]
+        if not text or (len(kept) == len(text.splitlines()) and text.endswith("\n")):
+            continue   # nothing past `step`, no line cut short (the next row would be appended to it)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(path)
+        dropped += (len(rows) - len(kept)) if name == METRICS else 0
+    return dropped
+
+
 def _metric_row(line: str) -> dict | None:
     try:
         row = json.loads(line)

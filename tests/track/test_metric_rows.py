@@ -33,3 +33,19 @@ def test_a_last_line_cut_short_is_left_out_silently(tmp_path, caplog):
         assert read_metrics(tmp_path) == GOOD[:1]
         assert read_jsonl(tmp_path / METRICS) == {("train/loss", 1): 6.5}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_resume_forgets_the_rows_past_its_checkpoint(tmp_path):
+    """kill -9 after step 5, newest checkpoint 3: the resumed run logs steps 4 and 5 again, so the
+    rows the killed run wrote past 3 go (issue 42's probe: two rows at each such step). The file of
+    rows not yet sent to MLflow (the catch-up's) loses them too."""
+    from marin.track.tracker import UNSENT, forget_after
+
+    rows = [{"key": k, "value": float(s), "step": s, "timestamp": s} for s in range(1, 6)
+            for k in ("train/loss", "eval/loss")]
+    write(tmp_path, [json.dumps(r) for r in rows] + ['{"key": "train/loss", "val'])   # a line cut by the kill
+    (tmp_path / UNSENT).write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    assert forget_after(tmp_path, 3) == 4
+    assert read_metrics(tmp_path) == [r for r in rows if r["step"] <= 3]
+    assert (tmp_path / UNSENT).read_text() == ""
+    assert forget_after(tmp_path, 3) == 0
