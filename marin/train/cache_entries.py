@@ -5,9 +5,9 @@ program, devices and options) and loads whatever that file holds: an entry of an
 copied or renamed into place (another config's train step of the same shapes, the eval step) runs
 as if it were this one, silently wrong or failing in every later run. Each entry marin writes gets a
 record beside it, the SHA-256 of its key and contents; an entry whose record is missing or does not
-match is not loaded but compiled again and replaced (one warning naming the file). The record binds
-an entry to its key against accidents and swaps; against a writer who means harm the folder's
-permissions are the guard (trainer.unsafe_cache_folder)."""
+match is not loaded but compiled again and replaced (a mismatch with one warning naming the file).
+The record binds an entry to its key against accidents and swaps; against a writer who means harm
+the folder's permissions are the guard (trainer.unsafe_cache_folder)."""
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +36,10 @@ class VerifiedEntries:
         value = self._base.get(key)
         if value is None or key.endswith(RECORD):
             return value
-        if self._base.get(key + RECORD) == digest(key, value):
+        record = self._base.get(key + RECORD)
+        if record == digest(key, value):
             return value
-        self._discard(key)
+        self._discard(key, written_by_jax_alone=record is None)
         return None
 
     def put(self, key: str, value: bytes) -> None:
@@ -55,10 +56,16 @@ class VerifiedEntries:
         if hasattr(self._base, "clear"):
             self._base.clear()
 
-    def _discard(self, key: str) -> None:
-        """Remove an entry that failed its check, so the compiled program's put replaces it."""
-        log.warning("compilation cache entry %s not used: it is not the program its name says (no record "
-                    "or a record that does not match); compiling it again", self._folder() / f"{key}-cache")
+    def _discard(self, key: str, written_by_jax_alone: bool) -> None:
+        """Remove an entry that failed its check, so the compiled program's put replaces it. One
+        without a record (written by JAX alone: the test suite's own processes, marin before
+        records) is replaced quietly; one whose record does not match, with a warning."""
+        path = self._folder() / f"{key}-cache"
+        if written_by_jax_alone:
+            log.debug("compilation cache entry %s has no record: compiling it again", path)
+        else:
+            log.warning("compilation cache entry %s not used: it is not the program its name says (its "
+                        "record does not match); compiling it again", path)
         self._remove(key)
         self._remove(key + RECORD)
 

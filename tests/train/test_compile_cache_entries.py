@@ -73,3 +73,15 @@ def test_an_entry_is_still_loaded_when_it_is_the_program(cache_in, tmp_path, cap
     assert entry.stat().st_mtime_ns == written
     assert any("Persistent compilation cache hit" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
+
+
+def test_a_swapped_entry_is_named_in_one_warning(cache_in, tmp_path, caplog):
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    cache_in(mine, PLUS_ONE)
+    cache_in(theirs, TIMES_TWO)
+    [entry], [swapped] = entries(mine), entries(theirs)
+    entry.write_bytes(swapped.read_bytes())
+    with caplog.at_level("WARNING", logger="marin.train.cache_entries"):
+        cache_in(mine, PLUS_ONE)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "marin.train.cache_entries"]
+    assert str(entry) in warning and "not used" in warning
