@@ -50,7 +50,7 @@ def _well_typed(info) -> dict:
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -66,7 +66,7 @@ def latest(run_dir: Path, keys=None) -> dict[str, tuple[int, float]]:
         try:
             row = json.loads(line)
             key, step = row["key"], int(row["step"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
         if (keys is None or key in keys) and step >= out.get(key, (-1, None))[0]:
             out[key] = (step, row["value"])
@@ -81,7 +81,7 @@ def horizon(run_dir: Path, info: dict | None = None) -> int | None:
     for name in [*reversed([n for n in names if n]), RESOLVED]:
         try:
             cfg = yaml.safe_load((Path(run_dir) / name).read_text()) or {}
-        except (OSError, yaml.YAMLError):
+        except (OSError, yaml.YAMLError, RecursionError):
             continue
         for group, key in (("schedule", "horizon_steps"), ("train", "steps")):
             value = (cfg.get(group) or {}).get(key)

@@ -64,3 +64,16 @@ def test_the_list_shows_a_run_whose_record_has_a_wrong_typed_field(tmp_path):
     run_dir = damaged_run(tmp_path, "record.json", '+{"resumes": 5, "restarts": "many", "status": "FINISHED"}')
     row = runfiles.read(run_dir)
     assert row.state == "FINISHED" and row.total == 4 and "resumes" not in row.info
+
+
+def test_the_list_shows_a_run_whose_files_nest_too_deeply(tmp_path):
+    """A deeply nested resolved.yaml, record.json or metrics.jsonl line (Python's recursion limit in
+    the parsers) leaves that value out of the list, not a RecursionError for the whole list."""
+    from marin.track import runfiles
+
+    run_dir = damaged_run(tmp_path, "resolved.yaml", "[" * 5000)
+    (run_dir / "metrics.jsonl").write_text('{"key": "train/loss", "step": 1, "value": 6.5}\n' + "[" * 100_000 + "\n")
+    row = runfiles.read(run_dir)
+    assert row.total is None and row.step == 1
+    (run_dir / "record.json").write_text("[" * 100_000)
+    assert runfiles.read(run_dir).run_id == "?"
