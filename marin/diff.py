@@ -55,8 +55,8 @@ def results(rec: record.RunRecord, from_store: bool = False) -> dict:
     if not from_store:
         return _results_from_files(rec)
     try:
-        backend.check_reachable(rec.tracking_uri)
-        client = backend.client(rec.tracking_uri)
+        backend.check_reachable(rec.tracking_uri, create=False)   # a reader: never makes a store
+        client = backend.client(rec.tracking_uri, create=False)
         run = client.get_run(rec.run_id)
         history = client.get_metric_history(rec.run_id, LOSS)
         return {"state": run.info.status, "step": max((m.step for m in history), default=None),

@@ -178,11 +178,18 @@ def load_resolved(run_dir: str | Path) -> Config:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / RESOLVED)))
 
 
+def last_per_step(points) -> list[tuple[int, float]]:
+    """(step, value) of a metric's MLflow history, the value logged last at each step: a run
+    resumed after a kill logged the steps past its checkpoint twice, and MLflow keeps both."""
+    by_step = {m.step: m.value for m in sorted(points, key=lambda m: (m.step, m.timestamp))}
+    return sorted(by_step.items())
+
+
 def rungs_of(client, parent, metric: str) -> list[Rung]:
     rungs = []
     for kid in sweep.children(client, parent):
         run_dir = kid.data.tags.get("run_dir")
-        history = sorted((m.step, m.value) for m in client.get_metric_history(kid.info.run_id, metric))
+        history = last_per_step(client.get_metric_history(kid.info.run_id, metric))
         if not run_dir or not history:
             log.warning("run %s has no %s: left out of the fit", kid.info.run_id, metric)
             continue

@@ -40,7 +40,7 @@ class Link:
 
 
 def _resolved(run_dir: Path) -> dict:
-    return yaml.safe_load((run_dir / record.RESOLVED).read_text()) or {}
+    return record.load_config_file(run_dir / record.RESOLVED)
 
 
 def _parent(run_dir: Path, resolved: dict, tracking_uri: str | None,
@@ -112,8 +112,11 @@ def print_chain(links: list[Link], out=None) -> None:
 
 
 def published(name: str) -> dict | None:
-    path = PUBLISHED_DIR / f"{name}.yaml"
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    """The published lineage `name` (a file of conf/lineage/, by its stem; a path such as `../x`
+    names none: no other YAML is read)."""
+    if name not in {f.stem for f in PUBLISHED_DIR.glob("*.yaml")}:
+        return None
+    return yaml.safe_load((PUBLISHED_DIR / f"{name}.yaml").read_text())
 
 
 def print_published(data: dict, out=None) -> None:

@@ -188,8 +188,8 @@ def print_table(parent, jobs: list[Job], closed: str | None, out=None) -> None:
 
 def _client(uri: str, clients: dict):
     if uri not in clients:
-        backend.check_reachable(uri)
-        clients[uri] = backend.client(uri)
+        backend.check_reachable(uri, create=False)   # a reader: never makes a store
+        clients[uri] = backend.client(uri, create=False)
     return clients[uri]
 
 
@@ -334,6 +334,8 @@ def render(args) -> str:
             try:  # not a run here: a sweep's parent id, or a name that is neither (the sweep's message)
                 show_sweep(args.target, args, out)
             except sweep.SweepNotFound as sweep_err:
+                if (Path(args.target).expanduser() / record.INFO).is_file():
+                    raise run_err from None   # a run directory whose files are damaged: the run's message
                 if Path(args.target).expanduser().is_dir():
                     raise record.RecordError(f"{args.target}: neither a run directory ({record.INFO}) nor a "
                                              "sweep directory (sweep.json)") from None

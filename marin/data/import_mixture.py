@@ -19,6 +19,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -35,21 +36,23 @@ class MixtureFormatError(ValueError):
 def _read(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:   # ValueError: not JSON, or an integer of over 4300 digits
         raise MixtureFormatError(f"cannot read the mixture {path}: {err}") from err
+    except RecursionError as err:
+        raise MixtureFormatError(f"cannot read the mixture {path}: nested too deeply to be a mixture") from err
     if not isinstance(data, dict):
         raise MixtureFormatError(f"{path} is not a published mixture: expected a JSON object")
     return data
 
 
-def _table(data: dict, key: str, path: Path, number) -> dict:
+def _table(data: dict, key: str, path: Path, number, kind: str) -> dict:
     table = data.get(key)
     if not isinstance(table, dict) or not table:
         raise MixtureFormatError(f"{path} has no {key!r} table (a published mixture has "
                            f"{', '.join(PHASE_KEYS)} and, at launch, available_tokens)")
     bad = [name for name, v in table.items() if not number(v)]
     if bad:
-        raise MixtureFormatError(f"{path}: {key} must hold numbers; not for {', '.join(bad[:4])}")
+        raise MixtureFormatError(f"{path}: {key} must hold {kind}; not for {', '.join(bad[:4])}")
     return table
 
 
@@ -57,16 +60,17 @@ def rows(mixture: Path, available_from: Path | None = None,
          phase_names=DEFAULT_PHASE_NAMES) -> list[dict]:
     """The cells table of a published mixture: one dict per cell, in the file's order."""
     data = _read(mixture)
-    is_float = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    weights = [_table(data, key, mixture, is_float) for key in PHASE_KEYS]
+    # 1e999 reads as inf; token counts are int64 downstream
+    is_float = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63  # noqa: E731
+    weights = [_table(data, key, mixture, is_float, "finite numbers") for key in PHASE_KEYS]
     if len(phase_names) != len(PHASE_KEYS):
         raise MixtureFormatError(f"--phase-names needs {len(PHASE_KEYS)} names (one per published phase)")
     source = available_from or mixture
     counts = data if available_from is None else _read(available_from)
     if "available_tokens" not in counts:
         raise MixtureFormatError(f"{source} has no 'available_tokens': give --available-from the launch mixture")
-    tokens = _table(counts, "available_tokens", source, is_int)
+    tokens = _table(counts, "available_tokens", source, is_int, "whole numbers from 0 to 2**63 - 1")
     names = list(weights[0])
     for key, table in zip(PHASE_KEYS, weights):
         if set(table) != set(names):

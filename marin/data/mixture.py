@@ -11,12 +11,14 @@ root; `data.root` itself, when relative, resolves against the project root too.
 from __future__ import annotations
 
 import codecs
+import collections
 import csv
 import dataclasses
 import glob
 import gzip
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,12 @@ def phase_name(cfg, phase: int) -> str:
     return names[phase] if phase < len(names) else f"phase{phase}"
 
 
+# A mixture's cells file holds hundreds of cells (the hero's: 200). Far past that, every check and
+# the loader's plan run per cell for minutes: refused, with the count, rather than a silent wait.
+MAX_CELLS = 100_000
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", re.ASCII)
+
+
 def read_cells(cfg) -> tuple[list[Source], list[str]]:
     """The cells of `data.cells_file` (CSV) and the problems found reading it.
 
@@ -137,13 +145,24 @@ def read_cells(cfg) -> tuple[list[Source], list[str]]:
     if missing:
         return [], [f"the cells file {path} lacks the column(s) {', '.join(missing)} "
                     f"(one weight column per phase in data.phase_names)"]
+    if len(rows) > MAX_CELLS:
+        return [], [f"the cells file {path} lists {len(rows)} cells; at most {MAX_CELLS} (each cell is a source "
+                    f"the loader opens and plans; merge cells, or raise mixture.MAX_CELLS knowingly)"]
     cells, problems = [], []
     for line, row in enumerate(rows, start=2):
-        try:
+        if not CELL_NAME.fullmatch(str(row.get("name"))):   # a name is a metric key and a path part
+            problems.append(f"{path.name} row {line} ({row.get('name')!r}): names are letters, digits, '_', '-' "
+                            f"and '.' (ASCII), starting with a letter or digit")
+            continue
+        numbers = [row["tokens"], *(row[c] for c in weight_cols)]
+        try:   # float() reads any script's digits ("٩١٢"): a table is ASCII
+            if not all(isinstance(v, str) and v.isascii() for v in numbers):
+                raise ValueError
             tokens = int(float(row["tokens"]))
             weights = tuple(float(row[c]) for c in weight_cols)
         except (TypeError, ValueError):
-            problems.append(f"{path.name} row {line} ({row.get('name')}): tokens and weights must be numbers")
+            problems.append(f"{path.name} row {line} ({row.get('name')}): tokens and weights must be numbers "
+                            f"written in ASCII")
             continue
         try:
             location = data.cells_paths.format(**row)
@@ -382,7 +401,7 @@ def _structure_problems(cfg) -> list[tuple[str, str]]:
             problems += location_problems(f"data.eval_sets[{i}]", e.kind, e.paths, Path("."))
     for what, names in (("data.sources", [s.name for s in data.sources]),
                         ("data.eval_sets", [e.name for e in data.eval_sets])):
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, k in collections.Counter(names).items() if k > 1)
         if dup:
             problems.append((what, f"names must be unique; repeated: {', '.join(dup)}"))
     return problems
@@ -409,7 +428,7 @@ def _cells_problems(cfg) -> list[tuple[str, str]]:
             problems.append(("data.cells_before", "must list the same cells as data.cells_file (a swap "
                              f"changes weights, not cells): {len(earlier ^ {c.name for c in cells})} differ"))
     names = [c.name for c in cells]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, k in collections.Counter(names).items() if k > 1)   # one pass (count() per name: n²)
     if dup:
         problems.append(("data.cells_file", f"cells must be unique; repeated: {', '.join(dup[:LIST_AT_MOST])}"))
     if data.cells_expected is not None and len(set(names)) != data.cells_expected and not messages:

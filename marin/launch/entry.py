@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -30,6 +31,7 @@ from marin.launch.slurm import submit
 from marin.launch.verify import verify
 from marin.track import record, secrets
 from marin.track.backend import TrackingUnavailable
+from marin.track.errors import disk_full
 
 log = logging.getLogger("marin")
 
@@ -62,15 +64,26 @@ def quote_run_references(args: list[str]) -> list[str]:
     """launch.py's arguments with each run reference that holds an `=` quoted for Hydra, whose
     grammar refuses a second unquoted `=`: a sweep's job pastes as `marin.status` prints it
     (`reproduce=router_ablation/router=qb`), and as its directory (`fork=…/grid-lr=0.001-…@3`).
-    Such a value has only this meaning; one without `=` is left to Hydra (in a multirun,
+    Such a value has only this meaning, and so has one naming a path that exists (a run directory
+    pasted as `resume=<dir>`, `(`, `,` or `'` in it); any other is left to Hydra (in a multirun,
     `fork=a@3,b@3` sweeps)."""
     quoted = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+") in RUN_REFERENCES and "=" in value and value[0] not in "'\"":
+        if (sep and key.lstrip("+") in RUN_REFERENCES and value and value[0] not in "'\""
+                and ("=" in value or _names_a_path(value))):
             arg = override(key, value)
         quoted.append(arg)
     return quoted
+
+
+def _names_a_path(value: str) -> bool:
+    """Whether a run reference is a path here (`<dir>` or `<dir>@<step>`)."""
+    head, at, step = value.rpartition("@")
+    try:
+        return Path(value).expanduser().exists() or bool(at and step.isdigit() and Path(head).expanduser().exists())
+    except (OSError, ValueError):
+        return False
 
 
 def keep_run_references(cfg: DictConfig, job_overrides: list[str]) -> None:
@@ -92,6 +105,10 @@ def _guarded(cfg: DictConfig, job_overrides: list[str]) -> None:
         _dispatch(cfg, job_overrides)
     except TrackingUnavailable as err:  # ours: one masked line, not Hydra's crash report (which prints the overrides)
         fail(str(err), code=1)
+    except Exception as err:
+        if full := disk_full(err):  # a checkpoint lost for want of space: one line, not the writes failing after it
+            fail(full, code=1)
+        raise
 
 
 def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:

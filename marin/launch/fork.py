@@ -78,7 +78,7 @@ def how_to_make(parent: record.RunRecord, steps: list[int], step: int) -> str:
         return shell_join(["python", "launch.py", override("resume", parent.run_dir), at])
     below = [s for s in steps if s < step]
     if below:
-        name = f"{OmegaConf.load(parent.run_dir / record.RESOLVED).run.name}-to{step}"
+        name = f"{parent.resolved().run.name}-to{step}"
         return (shell_join(["python", "launch.py", override("fork", f"{parent.run_id}@{below[-1]}"), at,
                             override("run.name", name)]) + f", then {override('fork', f'{name}@{step}')}")
     return shell_join(["python", "launch.py", override("reproduce", parent.run_id), at])
@@ -114,7 +114,10 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
     earlier = parent.info().get("resumes") or []
     new = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     latest = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
-    parent_cfg = record.config_dict(OmegaConf.load(parent.run_dir / latest))
+    try:
+        parent_cfg = record.load_config_file(parent.run_dir / latest)
+    except record.RecordError as err:
+        raise ForkError(f"fork: {err}") from None
     # The parent's stop_after was its own invocation's; its stop_at, the end of its part of the lineage.
     extra = [f"{k}=null" for k in (*PER_INVOCATION, "train.stop_at") if k not in given]
     if "run.name" not in given:

@@ -29,7 +29,6 @@ import logging
 import sys
 import time
 
-from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
 from marin.launch.memory import launch_refusal
@@ -112,6 +111,8 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
             fail(f"resume: {err}")
     try:
         _resume(source, new, dry_run, wait)
+    except record.RecordError as err:   # a resume's saved config damaged (one line)
+        fail(f"resume: {err}")
     finally:
         if took:
             runlock.release(source.run_dir)
@@ -121,7 +122,7 @@ def _resume(source, new: list[str], dry_run, wait: bool) -> None:
     earlier = source.info().get("resumes") or []
     carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
-    previous = record.config_dict(OmegaConf.load(source.run_dir / base))
+    previous = record.load_config_file(source.run_dir / base)
     steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())
     composed, resolved, changes = _recompose(source, carried, previous)
     if ("schedule.horizon_steps" in changes and steps

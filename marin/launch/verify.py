@@ -37,7 +37,7 @@ from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose, replay_name
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
-from marin.track.tracker import METRICS, tracked_name
+from marin.track.tracker import METRICS, metric_rows, tracked_name
 from marin.train.checkpoint import checkpoint_dir, listed_steps
 
 RESULT = "verify.json"
@@ -83,12 +83,7 @@ def is_wall_clock(key: str) -> bool:
 
 def read_jsonl(path: Path) -> dict:
     """{(key, step): value} of a metrics.jsonl; a step logged twice (a resumed run) keeps the last."""
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out[(row["key"], int(row["step"]))] = float(row["value"])
-    return out
+    return {(row["key"], row["step"]): float(row["value"]) for row in metric_rows(path)}
 
 
 def _from_mlflow(uri: str, run_id: str) -> dict | None:

@@ -50,9 +50,13 @@ def sqlite_path(uri: str) -> Path:
     return Path(uri.split(":///", 1)[1])
 
 
-def check_reachable(uri: str, timeout: float = 3.0) -> None:
+def check_reachable(uri: str, timeout: float = 3.0, create: bool = True) -> None:
     """Fail fast on an http(s) store that does not answer (MLflow's own client retries for
-    minutes); make the folder of a sqlite store. Other schemes are left to MLflow."""
+    minutes); make the folder of a sqlite store, or with `create` False (a tool that only reads)
+    refuse one that does not exist. Other schemes are left to MLflow."""
+    if is_sqlite(uri) and not create:
+        _exists(uri)
+        return
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(_health_request(uri), timeout=timeout) as reply:
@@ -86,7 +90,17 @@ def _health_request(uri: str) -> urllib.request.Request:
     return request
 
 
-def client(uri: str):
+def _exists(uri: str) -> None:
+    if not sqlite_path(uri).is_file():
+        raise TrackingUnavailable(f"no MLflow store at {safe_uri(uri)} (nothing was created there: a tool that "
+                                  "reads makes no store); give --tracking-uri the run's store")
+
+
+def client(uri: str, create: bool = True):
+    """MLflow's client of the store at `uri`. A sqlite store is made at first opening unless
+    `create` is False (the tools that only read: marin.status, marin.report, marin.diff)."""
+    if is_sqlite(uri) and not create:
+        _exists(uri)
     from mlflow import MlflowClient
 
     # MLflow prints "View run … at: <its link>" to stdout as a server's run ends: a link without the

@@ -9,3 +9,34 @@ def first_line(message) -> str:
         if line.strip():
             return line.strip()
     return type(message).__name__ if isinstance(message, BaseException) else ""
+
+
+class DiskFull(RuntimeError):
+    """A write lost for want of space (a checkpoint); the message says what was lost, where, and
+    what a resume starts from: the one line the command prints."""
+
+
+def disk_full(err: BaseException) -> str | None:
+    """The line to print when `err`, or an error it was raised from or while handling, is a full
+    disk (None: it is not): a DiskFull's own message first (the writes after it, in the run's
+    ending, fail for the same reason), else "no space left on device: <first line>"."""
+    seen, stack, found = set(), [err], None
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, DiskFull):
+            return first_line(e)
+        text = str(e)
+        if found is None and ((isinstance(e, OSError) and e.errno == 28) or "No space left on device" in text):
+            found = f"no space left on device: {first_line(e)[:300]}"
+        stack += [e.__cause__, e.__context__]
+    return found
+
+
+def quiet_disk_full(record) -> bool:
+    """A logging filter: False for a record about a full disk (orbax's threads log the same error
+    with its traceback several times; the run reports it once, as a DiskFull)."""
+    err = record.exc_info[1] if record.exc_info else None
+    return not ((err is not None and disk_full(err)) or "No space left on device" in str(record.msg))

@@ -21,6 +21,7 @@ passwords in URIs). The directory is always inside run.out_dir.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -43,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from marin.config.paths import PROJECT_ROOT
 from marin.config.schema import Config, RunConfig
 from marin.config.store import override_key
-from marin.track import backend, refs, secrets, sweep
+from marin.track import backend, refs, runfiles, secrets, sweep
 from marin.track.errors import first_line
 
 log = logging.getLogger("marin.track")
@@ -84,10 +85,34 @@ class RunRecord:
         return list(yaml.safe_load(self.path(OVERRIDES).read_text()) or [])
 
     def composed(self) -> DictConfig:
-        return OmegaConf.load(self.path(COMPOSED))
+        return OmegaConf.create(load_config_file(self.path(COMPOSED)))
 
     def resolved(self) -> DictConfig:
-        return OmegaConf.load(self.path(RESOLVED))
+        return OmegaConf.create(load_config_file(self.path(RESOLVED)))
+
+
+def load_config_file(path: Path) -> dict:
+    """A run's saved config (composed.yaml, resolved.yaml, a resume's resolved.resume-N.yaml) as a
+    dict, read as OmegaConf.load reads it; a file that is not a YAML mapping is a RecordError naming
+    it, not a parser's traceback."""
+    from omegaconf._utils import get_yaml_loader   # OmegaConf.load's own reader (`1e-3` a float)
+
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=get_yaml_loader())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as err:
+        raise RecordError(f"{path} is damaged ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
+                          f"restore it from the MLflow run's record/ artifacts") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path} is damaged (a {type(data).__name__}, not a config mapping); "
+                          f"restore it from the MLflow run's record/ artifacts")
+    return data
+
+
+def check_info(info, path: Path) -> None:
+    """Refuse a record.json that is not an object, or whose fields have the wrong type (one line)."""
+    problem = runfiles.info_problem(info)
+    if problem:
+        raise RecordError(f"{path} is damaged: {problem}; restore it from the MLflow run's record/ artifacts")
 
 
 # ---------------------------------------------------------------------------- config as data
@@ -441,6 +466,25 @@ def _scan_secrets(resolved: Config, overrides: list[str]) -> None:
     secrets.scan(config_dict(resolved))  # before anything is masked: every value under a secret key
 
 
+class _RunLog(logging.FileHandler):
+    """run.log's handler: on a full disk it stops, with one line on stderr, instead of printing
+    logging's "--- Logging error ---" and a traceback for every line logged after."""
+    full = False
+
+    def emit(self, record):
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record):  # noqa: N802 (logging's hook)
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            self.full = True
+            print(f"warning: {self.baseFilename}: no space left on device; run.log is not written from here on",
+                  file=sys.stderr)
+            return
+        super().handleError(record)
+
+
 def attach_log(rec) -> logging.Handler:
     """From now on this process's log lines also go to <run dir>/run.log (masked like stderr), so
     the run directory keeps its own log. Called where the record is made (process 0), as soon as
@@ -449,7 +493,7 @@ def attach_log(rec) -> logging.Handler:
     for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
         root.removeHandler(old)
         old.close()
-    handler = logging.FileHandler(Path(rec.run_dir) / LOG, encoding="utf-8")
+    handler = _RunLog(Path(rec.run_dir) / LOG, encoding="utf-8")
     handler.marin_run_log = True
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(secrets.MaskingFilter())
@@ -546,8 +590,13 @@ def _from_dir(run_dir: Path, tracking_uri: str | None) -> RunRecord:
         raise RecordError(f"{run_dir}: the run lacks its config ({COMPOSED})")
     try:  # a write cut short (disk full, killed) must not become a traceback on resume=/reproduce=
         info = json.loads((run_dir / INFO).read_text())
-        return RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])
-    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        check_info(info, run_dir / INFO)
+        found = RunRecord(run_dir, info["run_id"], tracking_uri or info["tracking_uri"], info["experiment"])
+    except (ValueError, KeyError, TypeError, RecursionError) as err:  # JSONDecodeError is a ValueError
         raise RecordError(f"{run_dir / INFO} is damaged or truncated ({type(err).__name__}: "
                           f"{first_line(err)}); restore it from the MLflow "
                           f"run's record/ artifacts") from None
+    for name in (COMPOSED, RESOLVED):   # every tool reads them: refused here, in one line
+        if name == COMPOSED or (run_dir / name).is_file():
+            load_config_file(run_dir / name)
+    return found

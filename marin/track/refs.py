@@ -53,7 +53,7 @@ def read_json(path: Path) -> dict:
     """A record.json or sweep.json; {} for one that is missing or cut short."""
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: nested past the parser's depth
         return {}
 
 

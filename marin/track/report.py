@@ -421,14 +421,17 @@ def run_html(client, run, run_dir: Path | None) -> str:
 
 def run_page(rec: record.RunRecord, client=None) -> str:
     """A run's page as it stands (its figures stay drawn for the next page of this process)."""
-    client = client or backend.client(rec.tracking_uri)
+    if client is None:
+        backend.check_reachable(rec.tracking_uri, create=False)   # seconds, not MLflow's minutes of retries
+        client = backend.client(rec.tracking_uri, create=False)
     return run_html(client, client.get_run(rec.run_id), rec.run_dir)
 
 
 def write_run_report(rec: record.RunRecord, out: Path | None = None, log_to_mlflow: bool = True) -> Path:
     """Write a run's page (default `<run dir>/report.html`) and log it (and the expert-load file)
     to the run's MLflow artifacts."""
-    client = backend.client(rec.tracking_uri)
+    backend.check_reachable(rec.tracking_uri, create=False)   # seconds, not MLflow's minutes of retries
+    client = backend.client(rec.tracking_uri, create=False)   # the run's store exists, or nothing is made
     page = run_page(rec, client)
     path = Path(out) if out else rec.run_dir / REPORT
     _write(path, page)

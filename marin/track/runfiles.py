@@ -20,10 +20,37 @@ INFO, RESOLVED, METRICS = "record.json", "resolved.yaml", "metrics.jsonl"  # as 
 LOSS = "train/loss"
 
 
+# record.json's fields that tools read, and the type each must have when present (None: not set)
+INFO_TYPES = {"run_id": str, "tracking_uri": str, "experiment": str, "experiment_id": str, "name": str,
+              "status": str, "status_unsent": str, "resumes": list, "slurm_jobs": list, "overrides": list,
+              "restarts": int, "git": dict, "seeds": dict, "init_from": str, "parent_run_id": str}
+
+
+def info_problem(info) -> str | None:
+    """What is wrong with a record.json's content, in a few words (None: nothing)."""
+    if not isinstance(info, dict):
+        return f"a {type(info).__name__}, not a JSON object"
+    for key, kind in INFO_TYPES.items():
+        value = info.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return f"{key} must be a {kind.__name__}, not {value!r:.60}"
+    if any(not isinstance(entry, dict) for entry in info.get("resumes") or []):
+        return "resumes must be a list of objects"
+    return None
+
+
+def _well_typed(info) -> dict:
+    """The fields of a record.json that have their type (a list shows a damaged run's other fields;
+    opening the run names what is wrong)."""
+    if not isinstance(info, dict):
+        return {}
+    return {k: v for k, v in info.items() if not info_problem({k: v})}
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -39,7 +66,7 @@ def latest(run_dir: Path, keys=None) -> dict[str, tuple[int, float]]:
         try:
             row = json.loads(line)
             key, step = row["key"], int(row["step"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
         if (keys is None or key in keys) and step >= out.get(key, (-1, None))[0]:
             out[key] = (step, row["value"])
@@ -54,7 +81,7 @@ def horizon(run_dir: Path, info: dict | None = None) -> int | None:
     for name in [*reversed([n for n in names if n]), RESOLVED]:
         try:
             cfg = yaml.safe_load((Path(run_dir) / name).read_text()) or {}
-        except (OSError, yaml.YAMLError):
+        except (OSError, yaml.YAMLError, RecursionError):
             continue
         for group, key in (("schedule", "horizon_steps"), ("train", "steps")):
             value = (cfg.get(group) or {}).get(key)
@@ -85,7 +112,7 @@ class RunFiles:
 
 def read(run_dir: str | Path) -> RunFiles:
     run_dir = Path(run_dir)
-    info = read_json(run_dir / INFO)
+    info = _well_typed(read_json(run_dir / INFO))
     metrics = latest(run_dir)
     step = metrics[LOSS][0] if LOSS in metrics else None
     total = horizon(run_dir, info)

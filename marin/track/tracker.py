@@ -44,16 +44,60 @@ BOOKKEEPING, BOOKKEEPING_PREFIX = ("time/", "data/", "checkpoint/"), "usage/"
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of a run's metrics.jsonl, in order ([] if it has none); a line cut short by a crash
-    is skipped."""
-    path = Path(run_dir) / METRICS
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
+    """The rows of a run's metrics.jsonl, in order ([] if it has none)."""
+    return metric_rows(Path(run_dir) / METRICS)
+
+
+def metric_rows(path: Path) -> list[dict]:
+    """The metric rows of a metrics.jsonl file, in order. A line that is not one (a dict with a str
+    `key`, an int `step` and a number `value`) is left out: the last one silently (a write cut short
+    by a crash), others with one warning naming the file, not a traceback in the tool reading it."""
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    rows, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            row = _metric_row(line)
+            if row is None:
+                bad.append(number)
+            else:
+                rows.append(row)
+    if bad and bad != [len(lines)]:
+        log.warning("%s: %d line(s) left out, not a metric row (a JSON object with key, step, value): line %s",
+                    path, len(bad), ", ".join(map(str, bad[:5])))
     return rows
+
+
+def forget_after(run_dir: str | Path, step: int) -> int:
+    """Drop the rows past `step` from metrics.jsonl and from the rows kept for MLflow's catch-up
+    (unsent_metrics.jsonl): a resume from checkpoint `step` logs the later steps again, and a run
+    killed after that checkpoint had logged them once already. Returns how many metrics.jsonl rows
+    went. The files are rewritten whole and renamed into place (a kill meanwhile leaves the old one)."""
+    dropped = 0
+    for name in (METRICS, UNSENT):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        text, rows = path.read_text(errors="replace"), metric_rows(path)
+        kept = [r for r in rows if r["step"] <= step]
+        if not text or (len(kept) == len(text.splitlines()) and text.endswith("\n")):
+            continue   # nothing past `step`, no line cut short (the next row would be appended to it)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(path)
+        dropped += (len(rows) - len(kept)) if name == METRICS else 0
+    return dropped
+
+
+def _metric_row(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if (isinstance(row, dict) and isinstance(row.get("key"), str) and number(row.get("value"))
+            and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)):
+        return row
+    return None
 
 
 def catch_up_command(run_dir: str | Path) -> str:

@@ -30,15 +30,18 @@ Every process calls `save` and `restore` together (each writes and reads its own
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
+from marin.track import errors
 from marin.train import manifest
 
 log = logging.getLogger("marin.checkpoint")
@@ -64,6 +67,10 @@ class StructureMismatch(ValueError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint whose bytes are intact (or unverifiable) but that does not restore."""
+
+
+class DiskFull(CheckpointError, errors.DiskFull):
+    """A checkpoint not saved for want of space (its message is the one line the run prints)."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -349,6 +356,24 @@ def _restore_newest(manager, template, where: str, set_aside: bool = True, at_mo
     raise error(f"no intact checkpoint in {where} (tried steps {steps}; {'; '.join(why)})")
 
 
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed save orbax closes its event loop while tensorstore still has writes in
+    flight; each one's completion callback then raises "Event loop is closed" inside tensorstore,
+    which reports it through sys.unraisablehook: a traceback per write (40 in the probe's run), none
+    saying more than the save's own error. Those alone are dropped; anything else goes on as before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_marin_quiet", False):
+        return
+
+    def hook(unraisable):
+        err = unraisable.exc_value
+        if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._marin_quiet = True
+    sys.unraisablehook = hook
+
+
 class Checkpointer:
     """Save and restore the train state of the run in `run_dir` (config: `train.checkpoint`)."""
 
@@ -366,6 +391,11 @@ class Checkpointer:
         self._seal_error: BaseException | None = None
         self._sealed_here: int | None = None   # this process wrote its manifest; the others' not yet agreed
         self.newest_sealed: int | None = None    # every process's manifest written (retention keeps it)
+        self._saving: int | None = None   # the step of the save in flight
+        absl = logging.getLogger("absl")   # orbax's threads log a full disk with tracebacks: one DiskFull instead
+        if errors.quiet_disk_full not in absl.filters:
+            absl.addFilter(errors.quiet_disk_full)
+        _quiet_closed_loop_callbacks()
 
     @functools.cached_property
     def _manager(self):
@@ -443,7 +473,9 @@ class Checkpointer:
         if self.permanent(step):   # kept forever, whatever a later config's retention says
             meta["permanent"] = True
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        started = bool(self._manager.save(step, args=args, force=True))
+        self._saving = int(step)
+        with self._full_disk_as_one_error():
+            started = bool(self._manager.save(step, args=args, force=True))
         self._last_save = self._clock()
         if started and self.cfg.async_save:   # hashed off the training thread, after orbax's commit
             self._sealer = threading.Thread(target=self._seal, args=(int(step),), name=f"marin-seal-{step}", daemon=True)
@@ -488,12 +520,31 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the pending save is committed on disk and sealed by this process."""
-        if self._opened:
-            self._manager.wait_until_finished()
-        if self._sealer is not None:
-            self._sealer.join()
-            self._sealer = None
-        self._raise_seal_error()
+        with self._full_disk_as_one_error():
+            if self._opened:
+                self._manager.wait_until_finished()
+            if self._sealer is not None:
+                self._sealer.join()
+                self._sealer = None
+            self._raise_seal_error()
+
+    @contextlib.contextmanager
+    def _full_disk_as_one_error(self):
+        """A save that fails for want of space (orbax's ValueError "RESOURCE_EXHAUSTED … No space
+        left on device", an OSError ENOSPC) becomes one DiskFull naming the step, the folder and the
+        checkpoint a resume starts from; the unsealed step is never restored (`restore`)."""
+        try:
+            yield
+        except Exception as err:
+            if not errors.disk_full(err) or isinstance(err, DiskFull):
+                raise
+            if self._sealer is not None:   # the sealer thread ends on the same error
+                self._sealer.join()
+                self._sealer, self._seal_error = None, None
+            newest = self.newest_sealed if self.newest_sealed is not None else self._sealed_here
+            start = f"checkpoint {newest}" if newest is not None else "step 0 (no checkpoint was saved)"
+            raise DiskFull(f"checkpoint {self._saving} not saved: no space left on device in {self.directory}; "
+                           f"free some space, then resume= starts from {start}") from None
 
     def close(self) -> None:
         if self._opened:

@@ -33,8 +33,8 @@ from marin.optim import build_optimizer
 from marin.track import backend, record
 from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
-from marin.track.tracker import SYSTEM_METRICS_S, Tracker
-from marin.train import init_from, preempt, runlock
+from marin.track.tracker import SYSTEM_METRICS_S, Tracker, forget_after
+from marin.train import cache_entries, init_from, preempt, runlock
 from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
@@ -298,6 +298,11 @@ class Trainer:
             if cfg.fork:  # marin/launch/fork.py: what the fork changed, beside its forked_from tag
                 self.tracker.set_tags({"fork_changes": "; ".join(
                     f"{k}: {a} → {b}" for k, (a, b) in initialised_from["changes"].items())[:4000] or "none"})
+        if process == 0:   # a run killed past its newest checkpoint logged the steps it will repeat
+            dropped = forget_after(rec.run_dir, int(state.step))
+            if dropped:
+                log.info("%d metric rows past step %d left out of metrics.jsonl (logged again from here)",
+                         dropped, int(state.step))
         if self.on_restored is not None:
             self.on_restored(int(state.step))
         self._phase_done("initialising the state" + (f" (restored step {int(state.step)})" if restored is not None else ""),
@@ -403,6 +408,7 @@ def enable_compilation_cache(cfg) -> None:
         jax.config.update("jax_compilation_cache_dir", None)
         return
     jax.config.update("jax_compilation_cache_dir", path)
+    cache_entries.install()   # an entry is loaded only if it is the program its key names
     for option in ("jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes"):
         if option.upper() not in os.environ:
             jax.config.update(option, 0)

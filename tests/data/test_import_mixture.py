@@ -71,7 +71,16 @@ def test_cli_refuses_a_mixture_without_available_tokens(tmp_path):
     ('{"phase0_weights": {"c00q0": 1.0}, "phase1_weights": {"c00q1": 1.0}, "available_tokens": {"c00q0": 5}}',
      "name different cells"),
     ('{"phase0_weights": {"c00q0": "x"}, "phase1_weights": {"c00q0": 1.0}, "available_tokens": {"c00q0": 5}}',
-     "phase0_weights must hold numbers"),
+     "phase0_weights must hold finite numbers"),
+    # issue 42's probe: these were tracebacks, or an infinite weight written to the table
+    ("[" * 100_000 + "]" * 100_000, "cannot read the mixture"),
+    ('{"phase0_weights": {"c00q0": ' + "1" * 5000 + "}}", "cannot read the mixture"),
+    ('{"phase0_weights": {"c00q0": 1e999}, "phase1_weights": {"c00q0": 1.0}, "available_tokens": {"c00q0": 5}}',
+     "phase0_weights must hold finite numbers"),
+    ('{"phase0_weights": {"c00q0": 1.0}, "phase1_weights": {"c00q0": 1.0}, "available_tokens": {"c00q0": 1e40}}',
+     "available_tokens must hold whole numbers"),
+    ('{"phase0_weights": {"c00q0": 1.0}, "phase1_weights": {"c00q0": 1.0}, "available_tokens": {"c00q0": '
+     + str(2**70) + "}}", "available_tokens must hold whole numbers"),
 ])
 def test_bad_published_files_are_one_line(tmp_path, capsys, text, expected):
     path = tmp_path / "mix.json"

@@ -139,3 +139,36 @@ def test_the_cells_before_a_swap_must_be_the_same_cells(tmp_path):
     assert dict(err.value.problems)["data.cells_before"].startswith("must list the same cells as data.cells_file")
     with pytest.raises(ConfigError, match="data.cells_before: no cells file at"):
         make_config("data=mochi_hero_108k", "dry_run=true", f"data.cells_before={tmp_path}/nope.csv")
+
+
+@pytest.mark.parametrize("column, value, expected", [
+    (0, "c00\nq0", "names are letters, digits, '_', '-' and '.'"),     # issue 42's probe: accepted
+    (0, "c00 q0", "names are letters, digits, '_', '-' and '.'"),
+    (0, "c٠٠q0", "names are letters, digits, '_', '-' and '.'"),     # Arabic-Indic digits
+    (3, "٩١٢٦٩٩٤٢٩٤", "tokens and weights must be numbers written in ASCII"),   # float() reads them
+    (4, "０.０００２７５９５５１０４５７９８３７８", "tokens and weights must be numbers written in ASCII"),
+])
+def test_cell_names_and_numbers_are_plain_text(tmp_path, column, value, expected):
+    rows = _rows()
+    rows[1][column] = value
+    path = tmp_path / "cells.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(ConfigError) as err:
+        make_config(*HERO, f"data.cells_file={path}")
+    [message] = [m for n, m in err.value.problems if n == "data.cells_file" and expected in m]
+    assert "row 2" in message and "\n" not in message
+
+
+def test_a_cells_file_over_the_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """issue 42's probe: a million cells made a silent 10-minute dry run (a quadratic duplicate
+    check); a table past `mixture.MAX_CELLS` rows is refused in one line, the count in it."""
+    rows = _rows()
+    monkeypatch.setattr(mixture, "MAX_CELLS", len(rows) - 2)
+    path = tmp_path / "cells.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(ConfigError) as err:
+        make_config(*HERO, f"data.cells_file={path}")
+    [message] = [m for n, m in err.value.problems if n == "data.cells_file"]
+    assert f"lists {len(rows) - 1} cells; at most {len(rows) - 2}" in message

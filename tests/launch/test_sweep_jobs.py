@@ -61,6 +61,21 @@ def test_quote_run_references_quotes_only_what_hydra_would_refuse():
         "resume=tiny", "fork=a@3,b@3", "train.init_from='a=b@2'", "run.name=x"]
 
 
+@pytest.mark.parametrize("key, at", [("resume", ""), ("fork", "@3"), ("train.init_from", "@3"), ("reproduce", "")])
+def test_a_pasted_run_directory_with_brackets_commas_or_quotes_reads_back(tmp_path, key, at):
+    """issue 42's probe: `resume=<run dir>` pasted for a directory holding `(`, `,` or `'` failed in
+    Hydra's grammar (mismatched input '('); a value that names an existing path is quoted for it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from marin.launch.entry import quote_run_references
+
+    run_dir = tmp_path / "we(ird),x'y" / "runs" / "probe-1"
+    run_dir.mkdir(parents=True)
+    [arg] = quote_run_references([f"{key}={run_dir}{at}"])
+    assert OverridesParser.create().parse_override(arg).value() == f"{run_dir}{at}"
+    assert quote_run_references([f"{key}=a{at},b{at}"]) == [f"{key}=a{at},b{at}"]   # no such path: a sweep
+
+
 @pytest.mark.parametrize("value", ["grid-lr=0.001-reproduce", "/o/runs/g-lr=0.001,router=qb-ab=control-1a2b@4",
                                    "it's", "a\\'b", "back\\", "99e73426", "a b[c]{d}(e):f", "mochi-launch@81716"])
 def test_an_override_reads_back_as_the_value_it_was_made_from(value):

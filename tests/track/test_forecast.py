@@ -129,3 +129,15 @@ def test_an_lr_sweep_is_refused_on_the_command_line(store, lr_sweep_parent, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a ladder: 3 run(s) at 1 distinct compute scale(s)" in err
     assert not client.list_artifacts(parent_id, "forecast") and not client.get_run(parent_id).data.metrics
+
+
+def test_a_resumed_rungs_repeated_steps_count_once():
+    """A rung killed after its last checkpoint and resumed logged its last steps twice in MLflow
+    (the store cannot drop the first values): the fit reads the value logged last at each step."""
+    from types import SimpleNamespace as M
+
+    from marin.forecast import last_per_step
+
+    points = [M(step=1, value=6.0, timestamp=1), M(step=2, value=5.0, timestamp=2), M(step=3, value=9.0, timestamp=3),
+              M(step=3, value=4.5, timestamp=9), M(step=2, value=5.1, timestamp=8)]
+    assert last_per_step(points) == [(1, 6.0), (2, 5.1), (3, 4.5)]

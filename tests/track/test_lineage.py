@@ -68,6 +68,17 @@ def test_unknown_published_lineage_is_one_line(capsys):
     assert exit_.value.code == 2 and "no published lineage 'no_such_lineage' (conf/lineage/: mochi_hero)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["../config", "../../conf/config", "../lineage/mochi_hero"])
+def test_a_published_lineage_is_a_file_of_conf_lineage_only(name, capsys):
+    """A name with `../` reads no other YAML file (issue 42's probe: `conf/config.yaml` was read and
+    printed as a lineage, with a traceback)."""
+    assert lineage.published(name) is None
+    with pytest.raises(SystemExit) as exit_:
+        lineage.main([name, "--published"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "no published lineage" in err
+
+
 def test_a_run_under_another_output_folder_by_its_name(tmp_path, capsys):
     """--out-dir (and --tracking-uri), as marin.status and marin.diff take them."""
     from tests.helpers import fake_run_dir
