@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# not a tool: the tracking process, started by the trainer, reads its requests on stdin
-NOT_TOOLS = {"marin.track.worker"}
+# not tools of their own: the tracking process, started by the trainer, reads its requests on
+# stdin; marin.launch.prepare is what `python -m marin.data.prepare` runs (its tool layer)
+NOT_TOOLS = {"marin.track.worker", "marin.launch.prepare"}
 
 PROBE = """
 import contextlib, io, runpy, sys, warnings

@@ -365,7 +365,8 @@ def main(argv: list[str] | None = None, submit=None) -> int:
         status["code"] = run(name_options(cfg, HydraConfig.get().runtime.choices), submit)
 
     if "--help" in argv or "-h" in argv:  # Hydra's help, headed by what this app does
-        argv = [*argv, "hydra.help.header='python -m marin.data.prepare: tokenize the mixture of a config "
+        argv = [*argv, "hydra.help.header='usage: python -m marin.data.prepare [group=option ...] [key=value ...]"
+                "    tokenize the mixture of a config "
                 "(the same overrides as launch.py) into the sharded cache training reads: a local process pool, "
                 "or a Slurm job array (hardware.launcher slurm); dry_run=true prints the plan only'"]
     saved = sys.argv
