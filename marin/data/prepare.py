@@ -133,7 +133,7 @@ def pointer_path(cache: Path, ckey: str) -> Path:
 
 def plan(cfg, here: bool = True) -> Plan:
     """The preparation plan of `cfg` (its eval subsets applied), tasks assigned."""
-    cfg = with_eval_subsets(cfg)
+    cfg = with_eval_subsets(cfg, here)
     try:
         tok = load_tokenizer(cfg.data.tokenizer)
     except (OSError, ValueError):
@@ -378,13 +378,23 @@ def main(argv: list[str] | None = None, submit=None) -> int:
     return status["code"]
 
 
-def with_eval_subsets(cfg):
+def with_eval_subsets(cfg, here: bool = True):
     """`cfg` with each `subsets` eval set replaced by its subsets (`documents.eval_subsets`); the same
-    `cfg` when none has them."""
+    `cfg` when none has them. `here=False` (a dry run's plan) keeps a set whose files are not on
+    this machine (a site's Paloma copy) whole."""
     if not any(getattr(e, "subsets", False) for e in cfg.data.eval_sets):
         return cfg
     root = mixture.data_root(cfg)
-    sets = [s for e in cfg.data.eval_sets for s in eval_subsets(e, root)]
+
+    def subsets(e):
+        try:
+            return eval_subsets(e, root)
+        except UnreadableSource:
+            if here:
+                raise
+            return [e]
+
+    sets = [s for e in cfg.data.eval_sets for s in subsets(e)]
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_sets=sets))
 
 

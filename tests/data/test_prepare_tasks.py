@@ -174,7 +174,8 @@ def test_the_hero_plan_at_a_site(capsys):
     assert code == 0, out
     line = next(l for l in out.splitlines() if l.startswith("run:"))
     assert line.startswith("run: 500 tasks on a Slurm array, 2,000 cores"), line
-    assert "hours" in line and "total: 200 sources" in out
+    assert "hours" in line and "total: 201 sources" in out   # the 200 cells and the site's Paloma copy
+    assert any(l.startswith("paloma ") and l.endswith("unknown") for l in out.splitlines()), out
 
 
 def test_a_pool_worker_killed_mid_shard_and_a_rerun_give_the_uninterrupted_shards(tmp_path, monkeypatch):
