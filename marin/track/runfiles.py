@@ -23,7 +23,7 @@ LOSS = "train/loss"
 # record.json's fields that tools read, and the type each must have when present (None: not set)
 INFO_TYPES = {"run_id": str, "tracking_uri": str, "experiment": str, "experiment_id": str, "name": str,
               "status": str, "status_unsent": str, "resumes": list, "slurm_jobs": list, "overrides": list,
-              "restarts": int, "git": dict, "seeds": dict, "init_from": str, "parent_run_id": str}
+              "restarts": int, "git": dict, "seeds": dict, "init_from": dict, "parent_run_id": str}
 
 
 def info_problem(info) -> str | None:

@@ -69,7 +69,7 @@ class FakeStore:
     def get_metric_history(self, run_id, metric):
         assert metric == forecast.METRIC  # the default: the dropless Paloma macro loss
         history = next(h for n, _, h in self.runs if n == run_id)
-        return [SimpleNamespace(step=s, value=v) for s, v in history]
+        return [SimpleNamespace(step=s, value=v, timestamp=i) for i, (s, v) in enumerate(history)]
 
 
 def test_the_published_ladder_forecasts_the_hero_with_the_d2048_correction(tmp_path, monkeypatch):
