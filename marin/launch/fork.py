@@ -50,6 +50,12 @@ class Fork:
     changes: dict                 # {key: [parent's, fork's]}
 
 
+def nearest_steps(steps: list[int], step: int, shown: int = 8) -> str:
+    """The checkpoint steps nearest `step`, in order (a long run's whole list would fill the line)."""
+    near = sorted(sorted(steps, key=lambda s: (abs(s - step), s))[:shown])
+    return (", ".join(map(str, near)) + (f" ({len(steps)} in all)" if len(steps) > len(near) else "")) or "none"
+
+
 def _parent(spec: str, new: list[str]) -> tuple[record.RunRecord, int]:
     try:
         ref, step = split(spec)
@@ -63,7 +69,7 @@ def _parent(spec: str, new: list[str]) -> tuple[record.RunRecord, int]:
         raise ForkError(f"fork: {err}") from None
     steps = listed_steps(checkpoint_dir(parent.run_dir))
     if step not in steps:
-        shown = ", ".join(map(str, steps[-8:])) or "none"
+        shown = nearest_steps(steps, step)
         raise ForkError(f"fork: run {parent.run_id} has no checkpoint at step {step} (its checkpoints: {shown}); "
                         f"make one: {how_to_make(parent, steps, step)}")
     return parent, step

@@ -158,3 +158,13 @@ def test_the_missing_step_line_names_the_command_that_fits(tmp_path_factory, ste
     line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")][-1]
     assert exit_.value.code == 2
     assert line.endswith("make one: " + make.format(dir=parent.run_dir, id=parent.run_id))
+
+
+def test_a_missing_step_lists_the_checkpoints_nearest_it():
+    """The default run keeps 20, 40, …, 200: a fork at 25 names 20 and 40, not only the last eight."""
+    from marin.launch.fork import nearest_steps
+
+    steps = list(range(20, 201, 20))
+    assert nearest_steps(steps, 25) == "20, 40, 60, 80, 100, 120, 140, 160 (10 in all)"
+    assert nearest_steps(steps, 190) == "60, 80, 100, 120, 140, 160, 180, 200 (10 in all)"
+    assert nearest_steps([3, 6], 4) == "3, 6" and nearest_steps([], 4) == "none"
