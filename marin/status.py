@@ -269,17 +269,11 @@ def show_recent(args, out, last: int = RECENT) -> None:
 def _sweep_jobs(folder: Path) -> list[dict]:
     """The jobs of a sweep directory's jobs.jsonl, one per run (a requeued job may add a line)."""
     jobs: dict = {}
-    path = folder / "jobs.jsonl"
-    try:
-        lines = path.read_text().splitlines() if path.is_file() else []
-    except OSError:
-        lines = []
-    for line in lines:
+    for job in runfiles.json_lines(folder / "jobs.jsonl"):
         try:
-            job = json.loads(line)
             if job.get("run_dir"):
                 jobs[job["run_id"]] = job
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError):
             continue
     return list(jobs.values())
 

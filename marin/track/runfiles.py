@@ -54,19 +54,29 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def latest(run_dir: Path, keys=None) -> dict[str, tuple[int, float]]:
-    """{key: (step, value)} of each metric's highest step in metrics.jsonl (a cut line skipped)."""
-    out: dict = {}
-    path = Path(run_dir) / METRICS
+def json_lines(path: Path) -> list:
+    """The values of a JSON-lines file that parse (a line cut short by a crash, or damaged, is
+    skipped); [] when the file is missing or unreadable."""
     try:
         lines = path.read_text().splitlines() if path.is_file() else []
     except OSError:
-        lines = []
+        return []
+    out = []
     for line in lines:
         try:
-            row = json.loads(line)
+            out.append(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
+    return out
+
+
+def latest(run_dir: Path, keys=None) -> dict[str, tuple[int, float]]:
+    """{key: (step, value)} of each metric's highest step in metrics.jsonl (a cut line skipped)."""
+    out: dict = {}
+    for row in json_lines(Path(run_dir) / METRICS):
+        try:
             key, step = row["key"], int(row["step"])
-        except (ValueError, KeyError, TypeError, RecursionError):
+        except (ValueError, KeyError, TypeError):
             continue
         if (keys is None or key in keys) and step >= out.get(key, (-1, None))[0]:
             out[key] = (step, row["value"])
