@@ -86,7 +86,7 @@ def how_to_make(parent: record.RunRecord, steps: list[int], step: int) -> str:
     if below:
         name = f"{parent.resolved().run.name}-to{step}"
         return (shell_join(["python", "launch.py", override("fork", f"{parent.run_id}@{below[-1]}"), at,
-                            override("run.name", name)]) + f", then {override('fork', f'{name}@{step}')}")
+                            override("run.name", name)]) + ", then " + shell_join(["python", "launch.py", override("fork", f"{name}@{step}")]))
     return shell_join(["python", "launch.py", override("reproduce", parent.run_id), at])
 
 

@@ -141,7 +141,7 @@ def test_a_fork_at_a_step_without_a_checkpoint_says_how_to_make_one_and_writes_n
     assert exit_.value.code == 2 and len(lines) == 1
     assert lines[0] == (f"error: fork: run {parent.run_id} has no checkpoint at step 4 (its checkpoints: 3, 6); make "
                         f"one: python launch.py fork={parent.run_id}@3 train.stop_at=4 "
-                        f"run.name=default-to4, then fork=default-to4@4")
+                        f"run.name=default-to4, then python launch.py fork=default-to4@4")
     assert (sorted(p.name for p in runs.iterdir()),
             len(client.search_runs([client.get_run(parent.run_id).info.experiment_id]))) == before
 
@@ -168,3 +168,17 @@ def test_a_missing_step_lists_the_checkpoints_nearest_it():
     assert nearest_steps(steps, 25) == "20, 40, 60, 80, 100, 120, 140, 160 (10 in all)"
     assert nearest_steps(steps, 190) == "60, 80, 100, 120, 140, 160, 180, 200 (10 in all)"
     assert nearest_steps([3, 6], 4) == "3, 6" and nearest_steps([], 4) == "none"
+
+
+def test_the_command_that_makes_a_step_pastes_for_a_sweep_jobs_name():
+    """A sweep job's name holds '=': both commands of the line are quoted for the shell and Hydra."""
+    import shlex
+    from types import SimpleNamespace
+
+    from marin.launch.fork import how_to_make
+
+    parent = SimpleNamespace(run_id="abc", run_dir="/o/runs/grid-lr=0.001-x",
+                             resolved=lambda: SimpleNamespace(run=SimpleNamespace(name="grid/lr=0.001")))
+    first, second = how_to_make(parent, [3, 6], 4).split(", then ")
+    assert shlex.split(second) == ["python", "launch.py", "fork='grid/lr=0.001-to4@4'"]
+    assert "run.name='grid/lr=0.001-to4'" in shlex.split(first)
