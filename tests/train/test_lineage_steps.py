@@ -54,6 +54,7 @@ def test_stop_at_makes_the_cutover_checkpoint_and_a_stage_keeps_every_read_posit
         resume([f"resume={made.run_dir}"])  # stop_at is the run's, not one invocation's: nothing to train
         assert "already at step 4 of 8 (train.stop_at=4, kept by resume=)" in capsys.readouterr().out
         assert listed_steps(checkpoint_dir(made.run_dir)) == [4]
+        [then] = shlex.split(then)[2:]  # python launch.py fork=…@4
         child = fork(OmegaConf.create({"fork": then.split("=", 1)[1]}), [then, *where, "train.stop_after=5"])
         assert OmegaConf.load(child.run_dir / "resolved.yaml").fork == f"{made.run_id}@4"
         assert child.run_dir != made.run_dir and listed_steps(checkpoint_dir(child.run_dir)) == [5]
