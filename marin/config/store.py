@@ -8,7 +8,7 @@ would show in ``--help``, tab completion and ``glob(*)`` and compose as the defa
 ``sweeps/`` are stored as the ``sweep`` group (package ``_global_``), which is how
 ``sweep=<name>`` finds them; ``sweep/`` and ``experiment/`` files in a user's folder
 (``--config-dir``, the site folder) get the same package from ``hydra_plugins/marin_groups``. The
-resolver ``marin.private_tmp`` gives Hydra's sweep folder a parent that only its owner can read.
+resolver ``marin.sweep_folder`` gives Hydra's sweep folder, where nothing is written.
 
 An option file does not repeat its own name: ``conf/config.yaml`` leaves each group's ``name``
 missing and `name_options` fills it with the option Hydra chose (an experiment may set its own, as
@@ -75,10 +75,25 @@ def shell_join(args: list[str]) -> str:
     return " ".join(f'"{a}"' if "'" in a and not re.search(r'["$`\\!]', a) else shlex.quote(a) for a in args)
 
 
+def sweep_folder() -> str:
+    """Hydra's sweep folder: `sweep-<pid>` in `private_tmp`, where the ``multirun.yaml`` that
+    Hydra's sweeper saves before any job runs (the whole command line, secret overrides included)
+    is a link to /dev/null made beforehand. Nothing is written, so a sweep killed in its first
+    second leaves no copy of a secret (marin writes each sweep's record itself, masked:
+    marin.track.sweep). The launcher removes the folder (marin.launch.multirun.discard_sweep_file).
+    Named by the process, so every resolution of ``hydra.sweep.dir`` gives the same folder."""
+    folder = Path(private_tmp()) / f"sweep-{os.getpid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    saved = folder / "multirun.yaml"
+    if not (saved.is_symlink() and os.readlink(saved) == os.devnull):
+        saved.unlink(missing_ok=True)   # a folder a killed process of the same pid left
+        saved.symlink_to(os.devnull)
+    return str(folder)
+
+
 def private_tmp() -> str:
-    """$TMPDIR/marin-hydra-<uid>, made (or fixed to) mode 0700: Hydra's multirun.yaml there holds
-    the command line, and $TMPDIR is often shared (the launcher removes that file at once:
-    marin.launch.multirun.discard_sweep_file). Anything else at that path (a symlink someone
+    """$TMPDIR/marin-hydra-<uid>, made (or fixed to) mode 0700, as $TMPDIR is often shared: the
+    parent of `sweep_folder`. Anything else at that path (a symlink someone
     planted, another user's folder, a file) stops the command with one line, exit 2: this runs
     as a Hydra resolver, where an exception would become a page of traceback."""
     folder = Path(os.environ.get("TMPDIR") or "/tmp") / f"marin-hydra-{os.getuid()}"
@@ -106,8 +121,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    if not OmegaConf.has_resolver("marin.private_tmp"):
-        OmegaConf.register_new_resolver("marin.private_tmp", private_tmp)
+    if not OmegaConf.has_resolver("marin.sweep_folder"):
+        OmegaConf.register_new_resolver("marin.sweep_folder", sweep_folder)
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):

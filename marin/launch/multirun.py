@@ -105,11 +105,9 @@ SWEEP_FILE = "multirun.yaml"
 
 
 def discard_sweep_file(sweep_dir) -> None:
-    """Remove Hydra's ``multirun.yaml`` (the whole command line, secret overrides included, mode
-    0644) from the sweep folder, and the folder once empty: marin writes each sweep's record
-    itself, masked (marin.track.sweep), so nothing reads that file. Called when the launcher
-    starts, before any job runs, and again when it ends (Hydra makes the folder again for each
-    job)."""
+    """Remove the sweep folder (marin.config.store.sweep_folder: Hydra's ``multirun.yaml`` there is
+    a link to /dev/null) once the launcher starts, and again when it ends (Hydra makes the folder
+    again for each job): nothing reads it, marin writes each sweep's record itself."""
     if not sweep_dir:
         return
     folder = Path(str(sweep_dir))

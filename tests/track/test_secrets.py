@@ -3,6 +3,7 @@ interpolation, no untrusted hardware env/flags/setup); the run directory stays i
 Hydra's sweep folder is private. Leaks are checked by grepping everything that was written."""
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -320,3 +321,20 @@ def test_experiment_name_with_a_password_is_refused(key):
     with pytest.raises(ConfigError, match=f"{key}: holds a password") as err:
         load(compose_dict("model=tiny", f"{key}='http://alice:pw0rd-9x@host:5000'"))
     assert "pw0rd-9x" not in str(err.value)
+
+
+def test_a_sweep_killed_before_its_launcher_starts_leaves_no_copy_of_the_command_line(tmp_path):
+    # Hydra's sweeper saves multirun.yaml (the command line, secrets included) before the launcher
+    # runs; a kill in that first second must find nothing written: the file is /dev/null by then
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["TMPDIR"] = str(tmp_path)
+    killed_at_launch = ("import os, runpy, signal, sys; sys.path.insert(0, '.'); "
+                        "from marin.launch import multirun; "  # the launcher's first call (Hydra re-imports its module)
+                        "multirun.discard_sweep_file = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
+                        "sys.argv = ['launch.py', '-m', 'model=tiny', 'dry_run=true', 'train.steps=2,3', "
+                        "'+hardware.env.HF_TOKEN=killtok-5521']; runpy.run_path('launch.py', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", killed_at_launch], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not [p for p in written if "killtok-5521" in p.read_text(errors="replace")], written
