@@ -32,6 +32,7 @@ from marin import lineage
 from marin.cli import Parser, fail
 from marin.track import backend, record, refs, runfiles, runstate, sweep
 from marin.track.errors import first_line
+from marin.track.tracker import catch_up_command
 
 SLURM_FAILED = ("CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "FAILED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 LOSS = "train/loss"
@@ -246,7 +247,12 @@ def show_recent(args, out, last: int = RECENT) -> None:
             print(f"  {folder.name:<{width}}  {line}", file=out)
     if runs and not from_store:
         print("runs (python -m marin.status <run> for one; a unique prefix of its name or id will do):", file=out)
-        print_jobs([files_row(run_dir, run_dir.name) for run_dir in runs], out, head="run")
+        rows = [files_row(run_dir, run_dir.name) for run_dir in runs]
+        print_jobs(rows, out, head="run")
+        for run_dir, row in zip(runs, rows):
+            if row.state == "FAILED" and not refs.read_json(run_dir / record.INFO).get("status"):
+                print(f"  ({run_dir.name}: its trainer was killed before it ended; MLflow shows it RUNNING until "
+                      f"{catch_up_command(run_dir)})", file=out)
     elif runs:
         rows, notes = [], []
         for run_dir in runs:

@@ -18,7 +18,7 @@ new weights from the restored step: tag `data_mixture` ("<name> from step N (…
 or requeued run still ends at exactly that step; `train.stop_at=null` trains on.
 A run whose newest checkpoint is already at its last step (or at stop_after / stop_at) is
 not re-run: one line says so, exit 0, nothing written. A run another process is training (its
-lock, marin.train.runlock) is refused in one line naming that process, before anything is written.
+lock, marin.track.runlock) is refused in one line naming that process, before anything is written.
 Overrides that change the train state's structure (model shapes, optimizer tree) are refused
 before anything is written: no checkpoint could be restored into that state (use reproduce=).
 """
@@ -40,7 +40,7 @@ from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
 from marin.track import backend, record, secrets
 from marin.track.record import flatten
-from marin.train import runlock
+from marin.track import runlock
 from marin.train.checkpoint import (
     CheckpointError,
     NoCheckpointError,
@@ -253,4 +253,6 @@ def _note_resume(rec, earlier: list, overrides: list[str], changes: dict, compos
                 f"{d.name} from step {step} (" + ", ".join(k for k in changes if k in MIXTURE_KEYS)
                 + (f"; cells {d.cells_file}" if d.cells_file else "") + "); read positions kept"))
     client.set_tag(rec.run_id, "resumes", str(n))
-    record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))])
+    # trains again: the last invocation's status no longer holds (the directory's readers show
+    # RUNNING, or FAILED should this one be killed: marin.track.runfiles)
+    record.update_info(rec, resumes=[*earlier, json.loads(json.dumps(entry, default=str))], status=None, ended=None)

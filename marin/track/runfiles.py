@@ -4,8 +4,10 @@ list without importing MLflow (about 2 s of start-up) or opening the store.
 
 The directory is the run's own record (marin.track.tracker: every metric goes to metrics.jsonl
 before the store; `finish` writes the final status into record.json), so these agree with the
-MLflow run once it has been sent. A run still running, or killed before `finish`, has no status
-in record.json: RUNNING. A FINISHED run whose last step is short of its horizon was stopped
+MLflow run once it has been sent. A run still running has no status in record.json: RUNNING;
+one whose trainer was killed before `finish` (marin.track.runlock.trainer_gone: a local run
+whose process is gone; a Slurm run's job is judged by Slurm, in marin.status) is FAILED, as the
+tracking process ends its MLflow run, or the catch-up when that process died too. A FINISHED run whose last step is short of its horizon was stopped
 (`train.stop_after`): STOPPED, as marin.track.runstate shows it from the store.
 """
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from marin.track import runlock
 
 INFO, RESOLVED, METRICS = "record.json", "resolved.yaml", "metrics.jsonl"  # as record / tracker name them
 LOSS = "train/loss"
@@ -126,7 +130,8 @@ def read(run_dir: str | Path) -> RunFiles:
     metrics = latest(run_dir)
     step = metrics[LOSS][0] if LOSS in metrics else None
     total = horizon(run_dir, info)
-    status = info.get("status") or "RUNNING"
+    status = info.get("status") or ("FAILED" if not info.get("slurm_jobs") and runlock.trainer_gone(run_dir)
+                                    else "RUNNING")
     if status == "FINISHED" and step is not None and total is not None and step < total:
         status = "STOPPED"
     return RunFiles(run_dir, info.get("run_id", "?"), status, step, total, info, metrics)

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from marin.config.store import shell_join
-from marin.track import backend, secrets, worker
+from marin.track import backend, runlock, secrets, worker
 from marin.track import record as run_record
 from marin.track.errors import first_line
 
@@ -188,6 +188,7 @@ class Tracker:
         if self._local:
             self._local.writelines(json.dumps({"key": k, "value": v, "step": s, "timestamp": t}) + "\n"
                                    for k, v, t, s in rows)
+            self._local.flush()  # one write a call: a SIGKILL loses no step the store may lack
 
     def set_tags(self, tags: dict) -> None:
         if not self.enabled:
@@ -477,18 +478,46 @@ def send_unsent(record: run_record.RunRecord) -> int:
     return sent
 
 
-def catch_up(record: run_record.RunRecord) -> tuple[int, Path | None]:
-    """Once the store is back: `send_unsent`, then the report the run's end could not draw (it
-    reads the metrics back from MLflow), unless the run had tracking.report=false. Returns
-    (metrics sent, the report written or None)."""
+def end_abandoned(record: run_record.RunRecord) -> int | None:
+    """A run whose trainer was killed outright (SIGKILL, the OOM killer) while its tracking
+    process could not end it (killed with it, or the store away then): send the metrics its
+    MLflow run lacks (metrics.jsonl's rows past the last step the store has of each), then end it
+    FAILED in MLflow and record.json. Returns how many were sent; None, with nothing done, for a
+    run that ended or may still train (marin.track.runlock.trainer_gone)."""
+    info = record.info()
+    jobs = info.get("slurm_jobs") or []
+    if info.get("status") or not runlock.trainer_gone(record.run_dir, jobs[-1] if jobs else None):
+        return None
+    from mlflow.entities import Metric
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+    client = backend.client(record.tracking_uri)
+    rows = read_metrics(record.run_dir)
+    have = {key: max((m.step for m in client.get_metric_history(record.run_id, key)), default=-1)
+            for key in {r["key"] for r in rows}}
+    missing = [Metric(r["key"], r["value"], r.get("timestamp", 0), r["step"]) for r in rows if r["step"] > have[r["key"]]]
+    for start in range(0, len(missing), MAX_METRICS_PER_BATCH):
+        client.log_batch(record.run_id, metrics=missing[start:start + MAX_METRICS_PER_BATCH])
+    if client.get_run(record.run_id).info.status == "RUNNING":
+        client.set_terminated(record.run_id, "FAILED")
+    run_record.update_info(record, status="FAILED", ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status_unsent=None)
+    return len(missing)
+
+
+def catch_up(record: run_record.RunRecord) -> tuple[int, Path | None, bool]:
+    """Once the store is back: `send_unsent`, `end_abandoned`, then the report the run's end could
+    not draw (it reads the metrics back from MLflow), unless the run had tracking.report=false.
+    Returns (metrics sent, the report written or None, whether the run was ended FAILED)."""
     sent = send_unsent(record)
+    abandoned = end_abandoned(record)
+    sent += abandoned or 0
     if not record.resolved().tracking.report:
-        return sent, None
+        return sent, None, abandoned is not None
     from marin.track import report  # matplotlib: only when a report is drawn
 
     if (record.run_dir / report.REPORT).is_file():
-        return sent, None
-    return sent, report.write_run_report(record)
+        return sent, None, abandoned is not None
+    return sent, report.write_run_report(record), abandoned is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m marin.track.tracker",
         description="Send what a run kept while its MLflow store did not answer (unsent_metrics.jsonl, its "
-                    "final status), then draw the report its end could not. Exit 0 when sent; 1 when the store "
+                    "final status; for a run whose trainer was killed outright, the metrics the store lacks and FAILED), "
+                    "then draw the report its end could not. Exit 0 when sent; 1 when the store "
                     "still does not answer; 2 for a run that is not found.")
     parser.add_argument("run", help="the run: its directory, name, a unique prefix or MLflow run id")
     parser.add_argument("--tracking-uri", help="where to look an MLflow run id up (default: $MLFLOW_TRACKING_URI "
@@ -512,10 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         _fail(first_line(err), 2)
     try:
         backend.check_reachable(rec.tracking_uri)
-        sent, drawn = catch_up(rec)
+        sent, drawn, abandoned = catch_up(rec)
     except Exception as err:  # noqa: BLE001 — the store away or refusing: one line, kept for next time
         _fail(f"{secrets.safe_uri(rec.tracking_uri)}: {first_line(err)}; nothing lost, run this again later", 1)
-    print(f"sent {sent} metrics" + (f"; report {drawn}" if drawn else ""))
+    print(f"sent {sent} metrics" + ("; the run's trainer was killed before it ended: FAILED" if abandoned else "")
+          + (f"; report {drawn}" if drawn else ""))
     return 0
 
 

@@ -30,11 +30,11 @@ from marin.model.expert_parallel import expert_parallel_size
 from marin.model.grouped import check_ragged
 from marin.model.mesh import make_mesh
 from marin.optim import build_optimizer
-from marin.track import backend, record
+from marin.track import backend, record, runlock
 from marin.track.errors import first_line
 from marin.track.expert_load import ExpertLoadLog
 from marin.track.tracker import SYSTEM_METRICS_S, Tracker, forget_after
-from marin.train import cache_entries, init_from, preempt, runlock
+from marin.train import cache_entries, init_from, preempt
 from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
@@ -80,7 +80,7 @@ class Trainer:
                                system_metrics_s=SYSTEM_METRICS_S if cfg.tracking.system_metrics else None,
                                report=cfg.tracking.report)
         self.metrics = self.ckpt = self.loads = self.watchdog = self.announced = None
-        self.locked = False  # whether this Trainer took the run's lock (marin.train.runlock)
+        self.locked = False  # whether this Trainer took the run's lock (marin.track.runlock)
         self._saying, self._said = threading.Lock(), False  # the MLflow run's line: once, whoever comes first
         if registering is not None:
             registering.add_done_callback(self._say_made)

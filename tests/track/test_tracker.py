@@ -84,7 +84,7 @@ def test_unreachable_store_keeps_metrics_and_sends_them_later(configure, store, 
     assert [json.loads(line)["step"] for line in spilled] == [0, 1, 2]
     t.report()                                                       # skipped: the store is away …
     assert not (real.run_dir / "report.html").exists()
-    assert tracker.catch_up(real) == (3, real.run_dir / "report.html")   # … drawn when it is back
+    assert tracker.catch_up(real) == (3, real.run_dir / "report.html", False)   # … drawn when it is back
     assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"  # sent with them
     history = MlflowClient(store["uri"]).get_metric_history(real.run_id, "train/loss")
     assert sorted(m.step for m in history) == [0, 1, 2]
@@ -96,7 +96,7 @@ def test_catching_up_draws_no_report_for_a_run_that_asked_for_none(configure, st
     t = tracker.Tracker(away, flush_every_s=0.0, report=False)
     t.log_metrics({"train/loss": 1.0}, step=0)
     t.finish("FINISHED")
-    assert tracker.catch_up(real) == (1, None)                # the metric and status are sent …
+    assert tracker.catch_up(real) == (1, None, False)                # the metric and status are sent …
     assert not (real.run_dir / "report.html").exists()       # … and tracking.report=false still holds
     assert MlflowClient(store["uri"]).get_run(real.run_id).info.status == "FINISHED"
 
@@ -396,3 +396,51 @@ def test_the_printed_catch_up_command_is_shell_quoted(configure, store, caplog, 
         assert shlex.split(pasted) == [str(hostile)], message
         subprocess.run(["bash", "-c", f": {pasted}"], cwd=tmp_path, check=True)   # as a user pastes it
         assert not list(tmp_path.glob("pwned*")), message
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_its_tracking_process_is_ended_failed_by_the_catch_up(configure, store, capsys, tmp_path):
+    """kill -9 of the trainer and its tracking process together: nothing can end the MLflow run
+    then. The run's directory shows it FAILED at once; the catch-up sends the steps the store
+    lacks (from metrics.jsonl) and ends it FAILED."""
+    import signal
+    import textwrap
+
+    from marin import status
+    from marin.track import runfiles
+
+    rec = record.create(*configure("run.name=trk-both-killed", f"run.out_dir={tmp_path}"))
+    code = textwrap.dedent(f"""
+        import sys
+        from marin.track import record, runlock, tracker
+        run = record.open({str(rec.run_dir)!r})
+        runlock.hold(run.run_dir)                  # as the Trainer does
+        t = tracker.Tracker(run, flush_every_s=3600.0)
+        for step in (1, 2, 3):
+            t.log_metrics({{"train/loss": 4.0 - step, "lr": 0.1}}, step)
+        assert t.flush(timeout=60)                 # the store has steps 1-3 ...
+        for step in (4, 5):
+            t.log_metrics({{"train/loss": 4.0 - step, "lr": 0.1}}, step)  # ... and not these
+        print("ready", flush=True)
+        sys.stdin.readline()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert child.stdout.readline() == "ready\n"
+    os.killpg(child.pid, signal.SIGKILL)           # the trainer and its tracking process
+    child.wait()
+    time.sleep(0.5)
+    assert _status(store, rec) == "RUNNING"         # nobody was left to end it
+    assert runfiles.read(rec.run_dir).state == "FAILED"
+    assert status.main(["--out-dir", str(tmp_path)]) == 0     # the list says so, and what to run
+    said = capsys.readouterr().out
+    assert "FAILED" in said and f"killed before it ended; MLflow shows it RUNNING until {tracker.catch_up_command(rec.run_dir)}" in said, said
+
+    assert tracker.main([str(rec.run_dir)]) == 0
+    said = capsys.readouterr().out
+    assert "sent 4 metrics" in said and "killed before it ended: FAILED" in said, said
+    assert _status(store, rec) == "FAILED"
+    history = MlflowClient(store["uri"]).get_metric_history(rec.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]   # each step once
+    assert rec.info()["status"] == "FAILED"
+    assert tracker.end_abandoned(rec) is None       # ended now: a second catch-up does nothing

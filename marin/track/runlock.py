@@ -6,7 +6,10 @@ it writes anything and the Trainer takes it as it starts (a no-op where this pro
 already), so a second `resume=` of a run being trained, or of a run still in its first launch, is
 refused in one line that names the holder. The lock is the kernel's (`flock`), so it goes with
 the process however it ends: a killed trainer never leaves a run locked. The file itself stays
-(removing a lock file races with the next holder); it holds the last holder's pid and host.
+(removing a lock file races with the next holder); it holds the last holder's pid and host,
+which is how `trainer_gone` knows a run killed outright (SIGKILL, the OOM killer) from one
+training: the tools that read a run's directory show it FAILED, and the catch-up
+(`python -m marin.track.tracker <run>`) ends its MLflow run FAILED with the metrics it lacks.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 LOCK = "train.lock"
@@ -49,6 +53,42 @@ def release(run_dir: str | Path) -> None:
     fd = _held.pop(Path(run_dir).resolve(), None)
     if fd is not None:
         os.close(fd)  # closing the only descriptor of the lock releases it
+
+
+# Slurm's states of a job that may still run the trainer (squeue's %T); anything else has ended
+SLURM_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+              "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
+
+
+def trainer_gone(run_dir: str | Path, slurm_job: str | None = None) -> bool:
+    """Whether the process that last trained the run is known to be gone: the lock names a
+    process of this machine that no longer exists, or, with `slurm_job` (the run's last job),
+    Slurm no longer runs or queues that job. False when it may still train (it lives, it ran
+    on another machine and no job is named, or the run never took the lock): a run is never
+    called dead on a guess."""
+    if slurm_job:
+        try:
+            done = subprocess.run(["squeue", "-h", "-j", str(slurm_job), "-o", "%T"], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if done.returncode == 0 or "Invalid job id" in done.stderr:  # listed, or ended long ago
+            return not set(done.stdout.split()) & set(SLURM_LIVE)
+        return False
+    try:
+        entry = json.loads((Path(run_dir) / LOCK).read_text() or "null")
+        pid, host = int(entry["pid"]), entry["host"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process holds that pid now: not ours
+        return True
+    return False
 
 
 def _holder(fd: int) -> str:
