@@ -42,6 +42,7 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     sys.argv = quote_run_references(sys.argv)  # a run's name with "=" pastes as printed
     sys.argv, _show = command_line.read(sys.argv)  # refuses (one line, exit 2) what Hydra answers badly
+    command_line.report_in_one_line()
     try:
         main()
     except SystemExit as done:

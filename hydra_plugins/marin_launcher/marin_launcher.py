@@ -36,7 +36,8 @@ from marin.cli import fail, setup_logging
 from marin.config.schema import Config
 from marin.config.store import name_options, shell_join
 from marin.launch import slurm
-from marin.launch.multirun import Job, check_jobs, compose_problem, discard_sweep_file, labels
+from marin.launch.command_line import hydra_problem
+from marin.launch.multirun import Job, check_jobs, discard_sweep_file, labels
 from marin.launch.plan import plan, plan_row, row_header
 from marin.track import backend, record, secrets, sweep
 from marin.track.errors import first_line
@@ -81,7 +82,7 @@ class MarinLauncher(Launcher):
                     job.sweep_config.hydra.job.num = idx
                 job.task = _task_config(job.sweep_config)
             except Exception as err:  # Hydra's composition: an unknown key or option
-                job.problems.append(compose_problem(err))
+                job.problems.append(hydra_problem(err))
             jobs.append(job)
         return jobs
 

@@ -2,7 +2,8 @@
 
 Hydra answers some habits badly: an unknown key gets several lines of advice (`+key`) that
 fail again, a comma list without -m five lines, `hydra.run.dir` a folder marin never writes to,
-and `--cfg job` prints the composed config before marin fills each group's `name` (`???`). `read`
+a value of the wrong type or against its override grammar several lines and a link (which
+`report_in_one_line` makes one), and `--cfg job` prints the composed config before marin fills each group's `name` (`???`). `read`
 refuses the first three in one line (exit 2, nothing written) and turns `--cfg job` into a
 normal run that marin.launch.entry.show answers, so the config shown is the one a run gets;
 `refuse_sweep_without_multirun` answers a named sweep without -m once Hydra has composed it.
@@ -10,6 +11,8 @@ No JAX.
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,12 +20,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser  # Hydra's own parser: the argv forms it accepts
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
 from hydra.types import RunMode
 
 from marin.cli import fail
 from marin.config.keys import unknown_at, unknown_key_message
-from marin.config.store import override_key
+from marin.config.store import override_key, shell_join
 
 # Hydra would make these folders, but marin writes nothing there: a run's directory is
 # <run.out_dir>/<run.name>, and Hydra's sweep folder only holds its private multirun.yaml.
@@ -100,6 +104,49 @@ def refuse_sweep_without_multirun() -> None:
     jobs = sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
     name = hydra.runtime.choices.get("sweep")
     fail(f"{f'sweep={name}' if name else 'hydra.sweeper.params'} has {jobs} job{'s' * (jobs != 1)}: add -m")
+
+
+def report_in_one_line() -> None:
+    """Have Hydra report a command line it cannot compose (a value of the wrong type, its override
+    grammar) as one `error:` line, exit 2, where it prints several and a link; HYDRA_FULL_ERROR=1
+    keeps its own report. Hydra's other errors, and the run's, are reported as before."""
+    from hydra._internal import utils  # where Hydra's entry point looks its reporter up
+
+    hydras = utils.run_and_report
+
+    def in_one_line(func):
+        def run():
+            try:
+                return func()
+            except (ConfigCompositionException, OverrideParseException) as err:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                fail(hydra_problem(err))
+        return run
+
+    if not getattr(hydras, "marin_one_line", False):
+        utils.run_and_report = lambda func: hydras(in_one_line(func))
+        utils.run_and_report.marin_one_line = True
+
+
+_TYPES = {"bool": "true or false", "Integer": "an integer", "Float": "a number"}
+
+
+def hydra_problem(err: BaseException) -> str:
+    """A composition error of Hydra's as one line naming the field (or override) and what it allows."""
+    if isinstance(err, OverrideParseException):
+        return (f"{err.override}: {str(err.message).splitlines()[0]} (Hydra's override grammar: quote a value "
+                "that holds '=' or a space, key='a=b')")
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key, value, reason = cause.full_key, getattr(cause, "value", None), str(cause.msg).splitlines()[0]
+        wanted = re.search(r"not a valid (bool)|converted to (Integer|Float)", reason)
+        line = f"{key}: must be {_TYPES[wanted.group(1) or wanted.group(2)]}; got {value!r}" if wanted else f"{key}: {reason}"
+        if key == "verify":  # `verify=<run>`: the flag goes with reproduce=
+            line += f" (a replay of run {value}: {shell_join(['python', 'launch.py', f'reproduce={value}', 'verify=true'])})"
+        return line
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(lines[:1] + [str(cause).splitlines()[0]] if cause else lines[:1]) or type(err).__name__
 
 
 def _other_command(args) -> bool:

@@ -70,7 +70,8 @@ def quote_run_references(args: list[str]) -> list[str]:
     quoted = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if (sep and key.lstrip("+") in RUN_REFERENCES and value and value[0] not in "'\""
+        # `verify=<run>` too: refused then as the flag it is, with the command that replays that run
+        if (sep and key.lstrip("+") in (*RUN_REFERENCES, "verify") and value and value[0] not in "'\""
                 and ("=" in value or _names_a_path(value))):
             arg = override(key, value)
         quoted.append(arg)

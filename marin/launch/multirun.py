@@ -117,9 +117,3 @@ def discard_sweep_file(sweep_dir) -> None:
     except OSError:  # not empty (a job's files), or already gone
         pass
 
-
-def compose_problem(err: BaseException) -> str:
-    """Hydra's composition error in one line: its first line and the OmegaConf reason."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    reason = [line for line in lines[1:] if " not in '" in line or "could not be converted" in line]
-    return " ".join(lines[:1] + reason[:1]) or type(err).__name__

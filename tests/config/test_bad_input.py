@@ -168,6 +168,15 @@ BEFORE_HYDRA = [
     (["-m", "optim.lrr=1e-3,3e-3"], "error: optim.lrr: no such key; did you mean optim.lr?"),
     (["+train.stepz=3"],
      "error: invalid config: train.stepz: not a field of the schema (TrainConfig); did you mean train.steps?"),
+    # a typed field's value: Hydra's merge error was five lines
+    (["tracking.report=maybe"], "error: tracking.report: must be true or false; got 'maybe'"),
+    (["verify=first"], "error: verify: must be true or false; got 'first' "
+                       "(a replay of run first: python launch.py reproduce=first verify=true)"),
+    (["verify=lr_grid/lr=0.001"], "error: verify: must be true or false; got 'lr_grid/lr=0.001' "
+                                  "(a replay of run lr_grid/lr=0.001: python launch.py reproduce=lr_grid/lr=0.001 verify=true)"),
+    # Hydra's grammar: three lines and a link
+    (["optim.lr=1=2"], "error: optim.lr=1=2: mismatched input '=' expecting <EOF> (Hydra's override grammar: "
+                       "quote a value that holds '=' or a space, key='a=b')"),
     # nothing close: every key allowed there
     (["model.zzz=3"], "error: model.zzz: no such key; model has " + ", ".join(f.name for f in fields(ModelConfig))),
 ]
