@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from marin.train.preempt import WATCHDOG_EXIT
-from tests.helpers import checkpoint_sealed, make_config
+from tests.helpers import checkpoint_sealed, launch_here, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -113,7 +113,7 @@ GRID = ["hardware=slurm_cpu", "hardware.tasks_per_node=1", "hardware.mesh.expert
         "train.eval_batches=1", "train.checkpoint.every_steps=2", "run.sweep=slurmgrid"]
 
 
-def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
+def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri, capsys):
     """Then (issue 42: sweep jobs are runs) a job of the array, by the name `marin.status` prints
     for it (`slurmgrid/lr=0.001`), is reproduced on Slurm (submitted again) bit for bit, and a fork
     of it by that name is accepted."""
@@ -143,11 +143,13 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
 
     # the job's name as `python -m marin.status <sweep>` prints it
-    status = subprocess.run([sys.executable, "-m", "marin.status", "slurmgrid", "--out-dir", str(tmp_path),
-                             "--tracking-uri", tracking_uri], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert status.returncode == 0, status.stdout + status.stderr
-    names = {line.split()[0]: line.split()[-1] for line in status.stdout.splitlines()[2:] if line.strip()}
-    assert set(names) == {"lr=0.001", "lr=0.003"}, status.stdout
+    from marin import status
+
+    capsys.readouterr()
+    assert status.main(["slurmgrid", "--out-dir", str(tmp_path), "--tracking-uri", tracking_uri]) == 0
+    table = capsys.readouterr().out
+    names = {line.split()[0]: line.split()[-1] for line in table.splitlines()[2:] if line.strip()}
+    assert set(names) == {"lr=0.001", "lr=0.003"}, table
     original = Path(next(d for _, run_id, d in jobs if run_id == names["lr=0.001"]))
     ref = "slurmgrid/lr=0.001"
     # reproduced as it ran: submitted to Slurm again (its saved hardware), followed to its end
@@ -162,9 +164,8 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     assert sorted(reference) == list(range(1, GRID_STEPS + 1)) and other != reference   # the name picks its job
     assert dict(logged_losses(copy)) == reference                            # bit for bit
     # forked by that name from its checkpoint at step 2 (a dry run: the fork's plan, nothing submitted)
-    fork = launch(f"fork={ref}@2", "dry_run=true", *where)
-    assert fork.returncode == 0, fork.stdout + fork.stderr[-3000:]
-    said = fork.stdout + fork.stderr
+    assert launch_here(f"fork={ref}@2", "dry_run=true", *where) == 0
+    said = capsys.readouterr().out
     assert f"forking run {names['lr=0.001']} ({original}) at step 2" in said, said
 
 
