@@ -12,7 +12,7 @@ The lines run in the test's process where that is the same code as the command's
 (`in_process`): a `launch.py` line of overrides through launch.py's dispatch, a `python -m marin.<tool>`
 line through the tool's `main` (its `__main__` is `sys.exit(main())`). A process each cost the
 cookbook's ~17 lines an interpreter, JAX, Hydra and MLflow imports and a tracking process apiece
-(about a third of the test's CPU). A line with Hydra's own flags (`-m`, `--config-dir`: Hydra's
+(about half of the test's CPU: 101 CPU-s, 53 in-process). A line with Hydra's own flags (`-m`, `--config-dir`: Hydra's
 command line parser) and a shell line run in a process of their own.
 """
 import importlib
