@@ -9,11 +9,11 @@ its comment gives (`# exit status 1: …`). Blocks in other languages (`sh`: com
 running run or a cluster) are shown, not run.
 
 The lines run in the test's process where that is the same code as the command's own process
-(`in_process`): a `launch.py` line of overrides through launch.py's dispatch, a `python -m marin.<tool>`
-line through the tool's `main` (its `__main__` is `sys.exit(main())`). A process each cost the
-cookbook's ~17 lines an interpreter, JAX, Hydra and MLflow imports and a tracking process apiece
-(about half of the test's CPU: 101 CPU-s, 53 in-process). A line with Hydra's own flags (`-m`, `--config-dir`: Hydra's
-command line parser) and a shell line run in a process of their own.
+(`in_process`): a `launch.py` line of overrides through launch.py's dispatch, a `python -m
+marin.<tool>` line through the tool's `main` (its `__main__` is `sys.exit(main())`). A process
+each cost every line an interpreter, JAX, Hydra and MLflow imports and a tracking process: about
+half of the test's CPU (101 CPU-s, 53 in-process). A line with Hydra's own flags (`-m`,
+`--config-dir`: Hydra's command-line parser) and a shell line run in a process of their own.
 """
 import importlib
 import os
