@@ -7,7 +7,15 @@ fork at 200 of 400, an A/B of 100 steps) are scaled to the tiny run's (`SCALE`).
 (writing a config file with a heredoc) run in bash. A line's exit status must be 0, or the one
 its comment gives (`# exit status 1: …`). Blocks in other languages (`sh`: commands that need a
 running run or a cluster) are shown, not run.
+
+The lines run in the test's process where that is the same code as the command's own process
+(`in_process`): a `launch.py` line of overrides through launch.py's dispatch, a `python -m
+marin.<tool>` line through the tool's `main` (its `__main__` is `sys.exit(main())`). A process
+each cost every line an interpreter, JAX, Hydra and MLflow imports and a tracking process: about
+half of the test's CPU (101 CPU-s, 53 in-process). A line with Hydra's own flags (`-m`,
+`--config-dir`: Hydra's command-line parser) and a shell line run in a process of their own.
 """
+import importlib
 import os
 import re
 import shlex
@@ -61,6 +69,22 @@ def tiny(command: str, out_dir: Path) -> list[str] | None:
     return None
 
 
+def in_process(argv: list[str]) -> int | None:
+    """The exit status of `argv` (from `tiny`) run in this process, or None for a line that needs
+    a process of its own (Hydra's command-line flags, a module that is not a marin tool)."""
+    from tests.helpers import launch_here
+
+    if argv[1] == str(ROOT / "launch.py"):
+        return None if any(a.startswith("-") for a in argv[2:]) else launch_here(*argv[2:])
+    if argv[1] != "-m" or not argv[2].startswith("marin."):
+        return None
+    try:
+        code = importlib.import_module(argv[2]).main(argv[3:])
+    except SystemExit as end:
+        code = end.code
+    return code if isinstance(code, int) else (0 if code is None else 1)
+
+
 def test_cookbook_commands_are_parsed():
     found = commands(COOKBOOK.read_text())
     assert len(found) >= 15 and any(c.startswith("python -m marin.ab ") for c, _ in found), found
@@ -70,14 +94,20 @@ def test_cookbook_commands_are_parsed():
 
 
 @pytest.mark.slow
-def test_the_cookbook_runs(tmp_path):
+def test_the_cookbook_runs(tmp_path, monkeypatch):
     out_dir = tmp_path / "outputs"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    monkeypatch.chdir(tmp_path)  # where the lines run in this process run, as in a process of their own
     began = time.monotonic()
     for command, expected in commands(COOKBOOK.read_text()):
         argv = tiny(command, out_dir)
-        shell = ["bash", "-c", command] if argv is None else argv
-        done = subprocess.run(shell, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        print(f"$ {command}\n{done.stdout}{done.stderr}", flush=True)  # -s shows the day as it ran
-        assert done.returncode == expected, f"{command}: exit status {done.returncode}\n{done.stderr[-3000:]}"
+        print(f"$ {command}", flush=True)  # -s shows the day as it ran
+        code = None if argv is None else in_process(argv)
+        said = ""
+        if code is None:
+            shell = ["bash", "-c", command] if argv is None else argv
+            done = subprocess.run(shell, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            code, said = done.returncode, done.stderr[-3000:]
+            print(f"{done.stdout}{done.stderr}", flush=True)
+        assert code == expected, f"{command}: exit status {code}\n{said}"
     print(f"the cookbook ran in {time.monotonic() - began:.0f} s")

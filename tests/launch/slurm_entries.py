@@ -33,6 +33,15 @@ def probe(cfg, rec):
     return seen
 
 
+def probe_and_train(cfg, rec):
+    """The probe, then the real training: a job array's element that is checked for what it
+    sees and then reproduced bit for bit from its losses."""
+    from marin.train.loop import train
+
+    probe(cfg, rec)
+    return train(cfg, rec)
+
+
 def crash(cfg, rec):
     """A task that fails: `wait=true` must exit non-zero with the task's error."""
     raise RuntimeError(f"deliberate failure in {rec.run_id}")

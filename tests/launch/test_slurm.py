@@ -1,5 +1,6 @@
 """On the local Slurm cluster (scripts/services_up.sh): the launch path with a cheap probe in each
-task, a multirun as one job array, a 2-process training job that logs one MLflow run and takes a
+task, a multirun as one job array (a job of it then reproduced on Slurm bit for bit and forked, by
+the name `marin.status` prints for it), a 2-process training job that logs one MLflow run and takes a
 forced checkpoint, and a job whose task hangs (caught by the hang watchdog), then, restarted, is
 killed (kill -9), and then, restarted again, is preempted: each fault restarts it, the preemption
 requeues it, and it finishes with exactly the losses of the uninterrupted job."""
@@ -15,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from marin.train.preempt import WATCHDOG_EXIT
-from tests.helpers import checkpoint_sealed, make_config
+from tests.helpers import checkpoint_sealed, launch_here, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROBE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe"}
 LATE = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:late_start"}
+PROBE_TRAIN = {"MARIN_SLURM_ENTRY": "tests.launch.slurm_entries:probe_and_train"}
 # 2 processes × 1 CPU, experts split over them; tiny shapes so compilation dominates (cached).
 STEPS = 32
 TRAIN = ["hardware=slurm_cpu", "model=micro", f"train.steps={STEPS}", "train.seq_len=32", "train.global_batch=4",
@@ -103,11 +105,24 @@ def test_a_refused_submission_is_reported_and_resumable(tmp_path, tracking_uri):
     assert "sbatch failed" in done.stderr and "resume=" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
+# A sweep of two tiny trainings, checkpointed at step 2: each job is then reproduced and forked by
+# the name `marin.status` prints for it.
+GRID_STEPS = 4
+GRID = ["hardware=slurm_cpu", "hardware.tasks_per_node=1", "hardware.mesh.expert=1", "model=micro",
+        f"train.steps={GRID_STEPS}", "train.seq_len=32", "train.global_batch=4", "train.eval_every=0",
+        "train.eval_batches=1", "train.checkpoint.every_steps=2", "run.sweep=slurmgrid"]
+
+
+def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri, capsys):
+    """Then (issue 42: sweep jobs are runs) a job of the array, by the name `marin.status` prints
+    for it (`slurmgrid/lr=0.001`), is reproduced on Slurm (submitted again) bit for bit, and a fork
+    of it by that name is accepted."""
+    from marin.data.prepare import prepare
+
+    where = [f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}"]
+    prepare(make_config(*GRID, f"run.out_dir={tmp_path}"), progress=False)  # once, not by each job
     # one task an element (the probe above checks a job's two): what is under test is the array
-    done = launch("-m", "hydra/launcher=marin_slurm", "hardware=slurm_cpu", "hardware.tasks_per_node=1",
-                  "hardware.mesh.expert=1", "model=micro", "optim.lr=0.001,0.003",
-                  f"run.out_dir={tmp_path}", f"tracking.uri={tracking_uri}", extra_env=PROBE)
+    done = launch("-m", "hydra/launcher=marin_slurm", *GRID, "optim.lr=0.001,0.003", *where, extra_env=PROBE_TRAIN)
     assert done.returncode == 0, done.stdout + done.stderr
     array = re.search(r"slurm array (\d+): 2 jobs", done.stdout)
     assert array, done.stdout
@@ -126,6 +141,32 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri):
     parents = {tags["mlflow.parentRunId"] for tags in children}
     assert len(parents) == 1 and None not in parents
     assert sorted(json.loads(tags["sweep_overrides"]) for tags in children) == [["optim.lr=0.001"], ["optim.lr=0.003"]]
+
+    # the job's name as `python -m marin.status <sweep>` prints it
+    from marin import status
+
+    capsys.readouterr()
+    assert status.main(["slurmgrid", "--out-dir", str(tmp_path), "--tracking-uri", tracking_uri]) == 0
+    table = capsys.readouterr().out
+    names = {line.split()[0]: line.split()[-1] for line in table.splitlines()[2:] if line.strip()}
+    assert set(names) == {"lr=0.001", "lr=0.003"}, table
+    original = Path(next(d for _, run_id, d in jobs if run_id == names["lr=0.001"]))
+    ref = "slurmgrid/lr=0.001"
+    # reproduced as it ran: submitted to Slurm again (its saved hardware), followed to its end
+    again = launch(f"reproduce={ref}", "wait=true", *where)
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert field(again.stdout, "slurm job").isdigit()
+    copy = Path(field(again.stdout, "run directory"))
+    assert copy != original and copy.name.startswith("slurmgrid-lr=0.001-reproduce-"), copy
+    assert "conf/ changed since the run" not in again.stderr, again.stderr[-3000:]
+    reference = dict(logged_losses(original))
+    other = dict(logged_losses(Path(next(d for _, run_id, d in jobs if run_id == names["lr=0.003"]))))
+    assert sorted(reference) == list(range(1, GRID_STEPS + 1)) and other != reference   # the name picks its job
+    assert dict(logged_losses(copy)) == reference                            # bit for bit
+    # forked by that name from its checkpoint at step 2 (a dry run: the fork's plan, nothing submitted)
+    assert launch_here(f"fork={ref}@2", "dry_run=true", *where) == 0
+    said = capsys.readouterr().out
+    assert f"forking run {names['lr=0.001']} ({original}) at step 2" in said, said
 
 
 def run_dir_of(runs_dir: Path, name: str) -> Path | None:

@@ -408,10 +408,12 @@ def test_eval_with_drops_runs_at_the_trained_shard_size():
     out = jax.jit(make_eval_step(cfg, make_mesh(cfg)))(state, batch)
     drops = replace(cfg, model=replace(cfg.model, eval_dropless=False))
     bias = routers.router_bias(state.router_state, cfg)
-    pieces = [transformer.loss_fn(state.params, {k: v[i * 8:(i + 1) * 8] for k, v in batch.items()}, bias, drops,
-                                  train=False)[1] for i in range(4)]
+    # jitted: one program per batch shape (run eagerly, each of the model's ops compiled on its own
+    # took most of this test's 15 CPU-s)
+    metrics = jax.jit(lambda params, b: transformer.loss_fn(params, b, bias, drops, train=False)[1])
+    pieces = [metrics(state.params, {k: v[i * 8:(i + 1) * 8] for k, v in batch.items()}) for i in range(4)]
     expected = sum(float(m["ce"]) * float(m["tokens"]) for m in pieces) / sum(float(m["tokens"]) for m in pieces)
-    whole = float(transformer.loss_fn(state.params, batch, bias, drops, train=False)[1]["ce"])
+    whole = float(metrics(state.params, batch)["ce"])
     assert float(out["loss_dropped"]) == pytest.approx(expected, rel=1e-5)
     assert abs(whole - expected) > 1e-5        # one forward over 32 rows drops otherwise
 
