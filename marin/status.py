@@ -8,10 +8,10 @@ of M and its latest train and eval loss; a run (directory, name, id or unique pr
 `<sweep>/<job>`) prints its own row. `--watch [SECONDS]` prints the table again every SECONDS
 until Ctrl-C (`--count N`: N times).
 
-The list with no argument and a run's row are read from the run directories (record.json,
-metrics.jsonl: marin.track.runfiles), without MLflow; `--mlflow` asks the store instead (its
-status of a killed run, which the directory cannot know; Slurm's view reconciled into it). A sweep
-is always the store's view: reconciling Slurm's states writes to it.
+The list, a sweep's table and a run's row are read from the run directories (record.json,
+metrics.jsonl: marin.track.runfiles; a sweep's sweep.json and jobs.jsonl), without MLflow;
+`--mlflow` asks the store instead (its status of a killed run, which the directory cannot know;
+Slurm's view reconciled into it, which writes to the store).
 
 A job Slurm has not started yet (squeue) shows PENDING; jobs a sweep expects that have no run
 yet are counted under the table. Reconciles Slurm's view: a job that Slurm ended badly (CANCELLED,
@@ -195,6 +195,13 @@ def _client(uri: str, clients: dict):
 
 
 def show_sweep(ref: str, args, out) -> None:
+    if not getattr(args, "mlflow", False):
+        try:
+            folder = refs.find_sweep(ref, args.out_dir)
+        except refs.RefError:
+            folder = None
+        if isinstance(folder, Path):
+            return show_sweep_from_files(folder, out)
     client, parent = refs.open_sweep(ref, args.tracking_uri, args.out_dir)
     jobs, closed = reconcile(client, parent)
     print_table(client.get_run(parent.info.run_id), jobs, closed, out)
@@ -284,21 +291,41 @@ def _sweep_jobs(folder: Path) -> list[dict]:
     return list(jobs.values())
 
 
+def sweep_from_files(folder: Path) -> tuple[dict, list[Job], str]:
+    """A sweep's sweep.json, its jobs' rows from their run directories (Slurm's view shown, not
+    written) and its state as its parent run would have it."""
+    info = refs.read_json(folder / "sweep.json")
+    runs = [(job, runfiles.read(job["run_dir"])) for job in _sweep_jobs(folder)]
+    slurm = slurm_states(sorted({run.slurm_jobs[-1] for _, run in runs if run.slurm_jobs}))
+    jobs = [file_row(run, sweep.child_name(job.get("overrides") or []) or Path(job["run_dir"]).name, slurm)
+            for job, run in runs]
+    ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
+    states = {j.state for j in jobs}
+    state = ("RUNNING" if not jobs or ended < max(int(info.get("expected_jobs") or 0), len(jobs))
+             else "FINISHED" if states <= {"FINISHED", "STOPPED"} else "FAILED" if "FAILED" in states else "KILLED")
+    return info, jobs, state
+
+
+def show_sweep_from_files(folder: Path, out) -> None:
+    """`print_table`'s view from the sweep's directory: no MLflow start-up (`--mlflow` reconciles
+    Slurm's view into the store)."""
+    info, jobs, state = sweep_from_files(folder)
+    ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
+    print(f"sweep {info.get('sweep')} ({info.get('sweep_id')}): parent run {info.get('parent_run_id')} {state}, "
+          f"{ended_of(ended, info.get('expected_jobs'), len(jobs))}", file=out)
+    print_jobs(jobs, out)
+    expected = int(info.get("expected_jobs") or 0)
+    if expected > len(jobs):
+        print(f"{expected - len(jobs)} job(s) pending: not started, no run made yet", file=out)
+
+
 def _sweep_line_from_files(folder: Path) -> str:
     """As `_sweep_line`, from the sweep's directory and its jobs' run directories."""
-    info = refs.read_json(folder / "sweep.json")
-    jobs = [(job, runfiles.read(job["run_dir"])) for job in _sweep_jobs(folder)]
-    ended = sum(run.state in (*sweep.TERMINAL, "STOPPED") for _, run in jobs)
-    expected = max(int(info.get("expected_jobs") or 0), len(jobs))  # as ended_of counts
-    states = {run.state for _, run in jobs}
-    state = ("RUNNING" if not jobs or ended < expected else "FINISHED" if states <= {"FINISHED", "STOPPED"}
-             else "FAILED" if "FAILED" in states else "KILLED")
-    losses = [(run.value(LOSS), job) for job, run in jobs if run.value(LOSS) is not None]
-    best = ""
-    if losses:
-        value, job = min(losses, key=lambda pair: pair[0])
-        best = f"  best loss {value:.4f} ({sweep.child_name(job.get('overrides') or []) or Path(job['run_dir']).name})"
-    return f"{state:<9}  {ended_of(ended, expected, len(jobs))}{best}"
+    info, jobs, state = sweep_from_files(folder)
+    ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
+    losses = [j for j in jobs if j.loss is not None]
+    best = f"  best loss {min(losses, key=lambda j: j.loss).loss:.4f} ({min(losses, key=lambda j: j.loss).label})" if losses else ""
+    return f"{state:<9}  {ended_of(ended, info.get('expected_jobs'), len(jobs))}{best}"
 
 
 def _sweep_line(folder: Path, args, clients: dict) -> str:
@@ -361,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="default: the sweep's or run's, $MLFLOW_TRACKING_URI or the project's")
     parser.add_argument("--out-dir", help="where names are looked up (default: the project's outputs/)")
     parser.add_argument("--mlflow", action="store_true", help="the list and a run's row from the MLflow store "
-                        "(default: from the run directories, without starting MLflow; a sweep is always the store's)")
+                        "(default: from the run directories, without starting MLflow); a sweep's table from the store, Slurm's "
+                        "view of its jobs reconciled into it")
     args = parser.parse_args(argv)
     if args.watch is not None and args.watch <= 0:
         fail(f"--watch: the interval must be more than 0 seconds; got {args.watch:g}")

@@ -32,12 +32,19 @@ def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monk
     for step in range(1, 4):  # optimizer step n logs at n
         done.log_metrics({"train/loss": 5.0 - step}, step)
     done.finish("FINISHED")
-    client.set_tag(recs[1].run_id, "slurm_job_id", "77_1")      # set by the Slurm launcher
+    client.set_tag(recs[1].run_id, "slurm_job_id", "77_1")      # an older launcher's tag
+    record.update_info(recs[1], slurm_jobs=["77_1"])            # as the Slurm launcher keeps it
     record.update_info(recs[2], slurm_jobs=["77_2"])            # or kept in record.json
     _fake_sacct(tmp_path, monkeypatch, {"77_1": "CANCELLED by 0", "77_2": "RUNNING"})
 
     sweep_dir = client.get_run(recs[0].run_id).data.tags["sweep_dir"]
-    assert status.main([sweep_dir]) == 0
+    assert status.main([sweep_dir]) == 0   # from the run directories: Slurm's view shown, nothing written
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("router=")}
+    assert rows["router=softmax_aux"][1:4] == ["FAILED", "77_1", "CANCELLED"]
+    assert rows["router=bias_update"][1:4] == ["RUNNING", "77_2", "RUNNING"]
+    assert client.get_run(recs[1].run_id).info.status == "RUNNING"
+    assert status.main([sweep_dir, "--mlflow"]) == 0   # the store's view, reconciled
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("router=")}
     assert rows["router=qb"][1:4] == ["FINISHED", "-", "3/4"] and rows["router=qb"][4] == "2.0000"  # step 3 of 4
@@ -52,7 +59,7 @@ def test_status_reconciles_slurm_and_closes_the_parent(store, multirun_job, monk
     assert recs[0].run_id in capsys.readouterr().out.splitlines()[-1]
 
     _fake_sacct(tmp_path, monkeypatch, {"77_1": "CANCELLED", "77_2": "TIMEOUT"})
-    assert status.main([parent_id, "--tracking-uri", store["uri"]]) == 0
+    assert status.main([parent_id, "--tracking-uri", store["uri"], "--mlflow"]) == 0
     assert "parent run closed FAILED" in capsys.readouterr().out
     assert client.get_run(parent_id).info.status == "FAILED"
 
@@ -133,9 +140,10 @@ def test_no_argument_lists_recent_sweeps_and_runs_and_watch_refreshes(store, con
     assert header.endswith(", " + " ".join(listed)) and listed == ["0/4", "jobs", "ended"], (header, listed)
 
 
-def test_listing_and_a_runs_row_start_no_mlflow_or_jax(store, configure, tmp_path):
-    """The list and one run's row come from the run directories: the process never imports MLflow
-    (seconds of start-up) or JAX; --mlflow asks the store (benchmarks/tool_startup.py times them)."""
+def test_listing_and_a_runs_row_start_no_mlflow_or_jax(store, configure, multirun_job, monkeypatch, tmp_path):
+    """The list, a sweep's table and one run's row come from the run directories: the process never
+    imports MLflow (seconds of start-up) or JAX; --mlflow asks the store (benchmarks/tool_startup.py
+    times them)."""
     import subprocess
 
     from tests.helpers import ROOT
@@ -145,14 +153,19 @@ def test_listing_and_a_runs_row_start_no_mlflow_or_jax(store, configure, tmp_pat
     logged = tracker.Tracker(rec)
     logged.log_metrics({"train/loss": 4.5}, 4)
     logged.finish("FINISHED")
+    monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=lr_grid"])
+    job = record.create(*multirun_job(0, "sweep=lr_grid", "optim.lr=1e-3", f"run.out_dir={out}"))
+    sweep_dir = MlflowClient(store["uri"]).get_run(job.run_id).data.tags["sweep_dir"]
     probe = ("import sys\nfrom marin import diff, lineage, status\n"
              f"status.main(['--out-dir', {str(out)!r}]); status.main([{str(rec.run_dir)!r}])\n"
+             f"status.main([{sweep_dir!r}])\n"
              f"lineage.main([{str(rec.run_dir)!r}])\n"
              f"code = diff.main([{str(rec.run_dir)!r}, {str(rec.run_dir)!r}])\n"
              "print('imported:', sorted(m for m in ('mlflow', 'jax') if m in sys.modules), code)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "imported: [] 0", done.stdout
+    assert "lr=1e-3  RUNNING" in done.stdout and "parent run " in done.stdout, done.stdout
     assert _row(done.stdout, rec.run_dir.name)[1:4] == ["FINISHED", "4/4", "4.5000"]
 
 
