@@ -171,6 +171,19 @@ def _compose(overrides: list[str]) -> dict:
     return OmegaConf.to_container(compose(overrides), resolve=True)
 
 
+def _arm_leaves(new: list[str], folders: list[Path]) -> dict:
+    """The leaves of an A/B arm (`+ab=<arm>`: its option file, which marin.ab writes on the job's
+    hydra.searchpath), which win over the parent's saved overrides. Hydra applies a value override
+    after every group option, so a sweep job's own `optim.lr=0.001` would beat the candidate arm's
+    `optim.lr` and the candidate would run as the control."""
+    arm = next((o.split("=", 1)[1] for o in new if override_key(o) == "ab"), None)
+    for folder in folders if arm else []:
+        if (folder / "ab" / f"{arm}.yaml").is_file():
+            leaves = OmegaConf.to_container(OmegaConf.load(folder / "ab" / f"{arm}.yaml")) or {}
+            return flatten(leaves) if leaves else {}  # the control's is empty
+    return {}
+
+
 def _unflatten(flat: dict) -> dict:
     tree: dict = {}
     for key, value in flat.items():
@@ -284,6 +297,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> 
             merged[key] = value
     for key in set(base) - set(wanted):  # removed by a ~key override
         merged.pop(key, None)
+    merged.update(_arm_leaves(new, _folders(search)))
     own = {override_key(o) for o in new if _is_under(override_key(o), UNTRUSTED)}
     for key, value in wanted.items():  # the user's own, even where equal to conf/ (an untrusted value reset)
         if _is_under(key, own):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from marin.config.paths import PROJECT_ROOT
 from tests.helpers import launch_here, new_store
@@ -147,6 +148,12 @@ def test_an_ab_from_a_sweep_job_and_a_fork_of_its_arm_by_their_status_names(grid
     said = capfd.readouterr().out
     assert "control vs parent: train/loss bit-for-bit equal at steps 3…4 (2 steps)" in said, said
     assert said.strip().splitlines()[-1].startswith("verdict: candidate ")
+    # the candidate's value beats the job's own saved `optim.lr=1e-3` (a value override, which
+    # Hydra applies after any group option's: the arm was the control again, silently)
+    assert re.search(r"changes: .*optim.lr: 0.001 → 0.005", said), said
+    (candidate,) = (out / "runs").glob("grid-lr=0.001-step2-ab=candidate-*")
+    assert yaml.safe_load((candidate / "resolved.yaml").read_text())["optim"]["lr"] == 0.005
+    assert _losses(candidate)[4] != _losses(job)[4]
     names = _status_names("ab", ["--out-dir", str(out)], capfd)
     assert set(names) == {"ab=candidate", "ab=control"}
     # the control arm (`…-ab=control-…`) forked at its last checkpoint: the sweep job's step 5 again
