@@ -1,7 +1,8 @@
 """`python -m marin.forecast <ladder sweep> --target <experiment>`: the ladder's loss forecast.
 
 At each 5% of training, fit L(C) = E + A·C^−α across the ladder's runs (spec §4, §9): L is the
-evaluation loss at that point (the dropless Paloma macro loss by default, `METRIC`; each evaluation
+evaluation loss at that point (by default the rungs' own headline, `eval.headline`: the dropless
+Paloma macro loss, `METRIC`, where their data names a Paloma set, as the published ladder's; each evaluation
 snapped to the nearest 5% of its run, the later one winning, as Marin's plot_scaling_ladder.py;
 interpolated between points where none snaps), C the training FLOPs so far without the output head
 (`accounting.forecast_flops`, from each run's resolved config; `forecast.c_last_layer_global`
@@ -183,6 +184,19 @@ def last_per_step(points) -> list[tuple[int, float]]:
     resumed after a kill logged the steps past its checkpoint twice, and MLflow keeps both."""
     by_step = {m.step: m.value for m in sorted(points, key=lambda m: (m.step, m.timestamp))}
     return sorted(by_step.items())
+
+
+def ladder_metric(client, parent) -> str:
+    """What `--metric` defaults to: the rungs' headline (`eval.headline` of their resolved configs),
+    one for all of them; NotALadder when they differ."""
+    heads = set()
+    for kid in sweep.children(client, parent):
+        run_dir = kid.data.tags.get("run_dir")
+        if run_dir and (Path(run_dir) / RESOLVED).is_file():
+            heads.add(load_resolved(run_dir).eval.headline)
+    if len(heads) > 1:
+        raise NotALadder(f"the rungs' headline metrics differ ({', '.join(sorted(heads))}): pick one with --metric")
+    return heads.pop() if heads else METRIC
 
 
 def rungs_of(client, parent, metric: str) -> list[Rung]:
@@ -401,11 +415,12 @@ def plot(fits: list[Fit], target: str, path: Path) -> Path:
     return path
 
 
-def forecast(client, parent, target: str, metric: str = METRIC, E: float | None = DEFAULT_E,
+def forecast(client, parent, target: str, metric: str | None = None, E: float | None = DEFAULT_E,
              target_overrides: list[str] = (), rungs: list[Rung] | None = None) -> tuple[list[Fit], Config]:
     """The fits at every 5% of training. Raises NotALadder for runs that are not a ladder.
-    `rungs`, if given, is filled with the ladder's runs (for a registration)."""
-    found = rungs_of(client, parent, metric)
+    `rungs`, if given, is filled with the ladder's runs (for a registration). `metric`: the rungs'
+    headline unless given (`ladder_metric`)."""
+    found = rungs_of(client, parent, metric or ladder_metric(client, parent))
     check_ladder(found)
     if rungs is not None:
         rungs[:] = found
@@ -508,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="experiment whose loss to predict (conf/experiment/<name>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override of the target's config (repeatable)")
-    parser.add_argument("--metric", default=METRIC)
+    parser.add_argument("--metric", help="the loss to fit (default: the rungs' headline, eval.headline: "
+                        f"{METRIC} where their data names a Paloma set, else eval/macro_loss)")
     parser.add_argument("--E", type=float, default=DEFAULT_E, help="the fixed asymptote (default 1.5)")
     parser.add_argument("--fit-E", action="store_true", help="fit E too instead of fixing it")
     parser.add_argument("--min-r2", type=float, default=0.9, help="refuse a final fit with a lower R² (default 0.9)")
@@ -525,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         client, parent = refs.open_sweep(args.sweep, args.tracking_uri, args.out_dir)
+        args.metric = args.metric or ladder_metric(client, parent)
         E, rungs = None if args.fit_E else args.E, []
         fits, cfg = forecast(client, parent, args.target, args.metric, E, args.set, rungs)
         if not fits:

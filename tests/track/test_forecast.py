@@ -14,7 +14,8 @@ STEPS = 40
 
 
 def _ladder(multirun_job, monkeypatch, sweep_id: str, law):
-    """A ladder sweep whose runs log the forecast's metric = law(C) at every 5% of training."""
+    """A ladder sweep whose runs log their headline metric (eval.headline: the CPU ladder's data has
+    no Paloma set, so eval/macro_loss) = law(C) at every 5% of training."""
     monkeypatch.setattr(sys, "argv", ["launch.py", "-m", "sweep=ladder_cpu"])
     recs = []
     for i, (d, layers) in enumerate(RUNGS):
@@ -25,9 +26,10 @@ def _ladder(multirun_job, monkeypatch, sweep_id: str, law):
         per_step = forecast.training_flops_per_step(resolved)
         t = tracker.Tracker(rec)
         for step in range(2, STEPS + 1, 2):
-            t.log_metrics({forecast.METRIC: law(per_step * step)}, step)
+            t.log_metrics({resolved.eval.headline: law(per_step * step)}, step)
         t.finish()
         recs.append(rec)
+    assert resolved.eval.headline == "eval/macro_loss"
     return recs
 
 

@@ -87,7 +87,7 @@ def test_the_published_ladder_forecasts_the_hero_with_the_d2048_correction(tmp_p
         runs.append((name, str(folder), [(s + 1, law(per_step * s)) for s in evals]))  # a step off its point
     store = FakeStore(runs)
     monkeypatch.setattr(forecast.sweep, "children", store.children)
-    rungs = forecast.rungs_of(store, None, forecast.METRIC)
+    rungs = forecast.rungs_of(store, None, forecast.ladder_metric(store, None))  # their headline: Paloma
     d2048 = rungs[-1]
     assert d2048.offset == 0.005 and d2048.stopped_at == 0.8 * d2048.steps and rungs[0].offset == 0.0
     C = {r.name: r.flops_per_step * r.steps for r in rungs}
