@@ -39,6 +39,7 @@ from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
 from marin.train.ending import Ending, summary_line
+from marin.train.host import ready
 from marin.train.state import batch_sharding, init_sharded
 from marin.train.step import hyperparams, jit_steps
 from marin.train.watchdog import Watchdog, hang_if_asked
@@ -277,7 +278,9 @@ class Trainer:
                      "on" if grouped_matmuls["pallas"] else "off")
         self.loader = self.loader or Loader(cfg, process_index=process, process_count=jax.process_count())
         tx = build_optimizer(cfg)
+        # ready(): an init (or restore, below) that ran out of memory raises; `int(state.step)` would hang
         state, shardings = init_sharded(cfg, tx, mesh, cfg.train.seed)
+        state = ready(state)
         self.batch_spec = batch_sharding(mesh)
         self.ckpt = Checkpointer(rec.run_dir, cfg)
         initialised_from = None
@@ -286,11 +289,13 @@ class Trainer:
         restored = self.ckpt.restore(state) if self.ckpt.latest_step() is not None or self.ckpt.set_aside() else None
         if restored is not None:
             state, saved = restored
+            state = ready(state)
             self.loader.resume(int(state.step), saved)
             log.info("resumed from step %d (%s)", int(state.step), self.ckpt.restored_from)
         elif cfg.train.init_from:  # another run's weights, or its whole state (init_from_mode), from <run>[@<step>]
             start_at = init_from.locate(cfg.train.init_from, rec.tracking_uri, backend.out_dir(cfg))
             state, saved, initialised_from = init_from.restore(cfg, state, start_at)
+            state = ready(state)
             if saved is not None:  # continue mode: every source goes on from its read position too
                 self.loader.resume(int(state.step), saved)
             log.info("%s, %s mode: training steps %d…", start_at.describe(), cfg.train.init_from_mode, int(state.step) + 1)
