@@ -44,8 +44,10 @@ def quiet_disk_full(record) -> bool:
 
 # What an allocation that failed says: Python's MemoryError, XLA's RESOURCE_EXHAUSTED ("Out of
 # memory allocating N bytes"), the dynamic loader mapping JAX's library under `ulimit -v`
-# ("failed to map segment from shared object"), an OSError with ENOMEM.
-_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "failed to map segment", "Cannot allocate memory")
+# ("failed to map segment from shared object"), a thread whose stack could not be mapped ("can't
+# start new thread"), an OSError with ENOMEM.
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "failed to map segment", "Cannot allocate memory",
+                  "can't start new thread")
 
 
 def out_of_memory(err: BaseException) -> str | None:
