@@ -8,8 +8,9 @@ pure function of the step, so a resumed run sees exactly the batches an uninterr
 
 Endings, decided in one place (`fit`): FINISHED (at the last step, or at train.stop_after: then
 "stopped"); FAILED on an exception (a failed restore or set-up included); KILLED on SIGINT, or
-SIGTERM outside Slurm: checkpoint, SystemExit(128 + signal); a second Ctrl-C: no checkpoint, exit
-130. Each ends with one summary line on stdout (marin.train.ending: how, final losses, directory,
+SIGTERM outside Slurm: checkpoint, SystemExit(128 + signal); a second Ctrl-C (SIGTERM): no checkpoint,
+exit 130 (143); one the main thread cannot take inside XLA ends the process (marin.train.escort).
+Each ends with one summary line on stdout (marin.train.ending: how, final losses, directory,
 MLflow run, report, and the resume= command when unfinished) and the MLflow tag `ended`. Under Slurm,
 SIGTERM / SIGUSR2 checkpoint and requeue (SystemExit(0): the MLflow run stays open on purpose).
 SIGUSR1 is no ending: a forced checkpoint at the next step boundary, verified and logged. A hang
@@ -135,10 +136,12 @@ class Trainer:
             status = "KILLED"
             ending = self._ending("killed", stop.step, f"{signal.Signals(stop.signum).name}, checkpoint saved")
             raise SystemExit(preempt.exit_code(stop.signum)) from None
-        except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint, but a clean ending
+        except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): no checkpoint, but a clean ending
             status = "KILLED"
-            ending = self._ending("killed", None, "a second Ctrl-C: no checkpoint, the newest one is kept")
-            raise SystemExit(preempt.exit_code(signal.SIGINT)) from None
+            signum = preempt.stopped_now() or signal.SIGINT
+            again = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            ending = self._ending("killed", None, f"a second {again}: no checkpoint, the newest one is kept")
+            raise SystemExit(preempt.exit_code(signum)) from None
         except SystemExit as end:  # preempt.requeue(): 0 leaves the run open; past max_requeues, KILLED
             status = None if end.code == 0 else "KILLED"
             ending = self._ending("requeued" if end.code == 0 else "killed", None,

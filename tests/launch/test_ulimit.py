@@ -121,3 +121,48 @@ def test_allocation_failures_are_recognised(err):
     except ValueError as outer:
         assert out_of_memory(outer) == out_of_memory(err)
     assert out_of_memory(ValueError("a bad value")) is None
+
+
+def test_stop_signals_end_a_process_stuck_inside_xla(tmp_path):
+    """The main thread waits inside XLA for ever (the host read that hung, kept here on purpose):
+    SIGTERM's Python handler never runs. The first SIGTERM is explained; the second ends the
+    process (marin.train.escort) with 128 + SIGTERM."""
+    import os
+    import signal
+    import time
+
+    probe = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from marin.train import preempt
+
+        @jax.jit
+        def make(key):
+            big = [jax.random.normal(jax.random.fold_in(key, i), (50_000, 4096)) for i in range(4)]  # 3 GiB
+            return jnp.zeros((), jnp.int32), big
+        step, _ = make(jax.random.key(0))
+        preempt.install()
+        print("waiting", flush=True)
+        jax.device_get(step)  # never answers (jaxlib 0.10.2)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    proc = subprocess.Popen([sys.executable, "-c", probe], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=limited(4.0))
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(escort_s() + 1.0)
+        assert proc.poll() is None  # the first one waits for the next step boundary
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=HANG_S)
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "SIGTERM again stops it at once" in err and "SIGTERM again, and the training process is still inside XLA" in err
+
+
+def escort_s() -> float:
+    from marin.train import escort
+
+    return escort.NOTICE_S
