@@ -23,7 +23,7 @@ from marin.launch.checks import load
 from marin.launch.compile_plan import run as compile_run
 from marin.launch.distributed import apply_environment
 from marin.launch.fork import fork
-from marin.launch.memory import launch_refusal
+from marin.launch.memory import launch_refusal, out_of_memory_line
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, recompose
 from marin.launch.resume import resume
@@ -31,7 +31,7 @@ from marin.launch.slurm import submit
 from marin.launch.verify import verify
 from marin.track import record, secrets
 from marin.track.backend import TrackingUnavailable
-from marin.track.errors import disk_full
+from marin.track.errors import disk_full, out_of_memory
 
 log = logging.getLogger("marin")
 
@@ -109,6 +109,8 @@ def _guarded(cfg: DictConfig, job_overrides: list[str]) -> None:
     except Exception as err:
         if full := disk_full(err):  # a checkpoint lost for want of space: one line, not the writes failing after it
             fail(full, code=1)
+        if oom := out_of_memory(err):  # the run (if one was made) ended FAILED: one line naming the limit
+            fail(out_of_memory_line(oom), code=1)
         raise
 
 

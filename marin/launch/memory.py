@@ -4,6 +4,8 @@ Pure Python, no JAX."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from marin.config import derive
 from marin.config.schema import Config
@@ -91,30 +93,115 @@ def machine_memory_gib() -> float | None:
         return None
 
 
-def over_machine_memory(cfg: Config, machine_gib: float | None = None) -> str | None:
+# Address space a CPU run's process takes beyond its arrays: JAX's and MLflow's libraries, the
+# stacks of XLA's and LLVM's thread pools, malloc's per-thread arenas. Measured here (2 cores,
+# jaxlib 0.10.2): the default run (estimate 0.2 GiB) fails under `ulimit -v 2400000` (2.29 GiB)
+# and trains under 2600000 (2.48 GiB). More cores start more threads: a floor, not a bound.
+RUNTIME_ADDRESS_SPACE_GIB = 2.25
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit on this process's memory besides the machine's: `name` says which and how to
+    change it; `address_space`: it counts reserved address space (the runtime's too), not only
+    the memory in use."""
+    gib: float
+    name: str
+    address_space: bool
+
+
+CGROUP_FILES = ("memory.max", "memory.limit_in_bytes")  # cgroup v2, v1
+UNLIMITED_BYTES = 2 ** 60  # cgroup v1 writes "no limit" as the largest page-aligned int64
+
+
+def cgroup_limit_bytes(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> tuple[int, Path] | None:
+    """This process's cgroup memory limit in bytes and the file that sets it; None when unlimited
+    or unknown. The cgroup's own directory first; a container sees its cgroup at the mount's root."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    places = []
+    for line in lines:  # "0::/path" (v2), "4:memory:/path" (v1)
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        mount = root if controllers == "" else root / "memory" if "memory" in controllers.split(",") else None
+        if mount is not None:
+            places += [mount / path.lstrip("/"), mount]
+    for place in places:
+        for name in CGROUP_FILES:
+            try:
+                text = (place / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < UNLIMITED_BYTES:
+                return int(text), place / name
+            if text == "max" or text.isdigit():
+                return None
+    return None
+
+
+def process_limits() -> list[Limit]:
+    """The limits this process runs under besides the machine's memory: `ulimit -v` (RLIMIT_AS),
+    `ulimit -d` (RLIMIT_DATA), its cgroup's memory limit."""
+    import resource
+
+    limits = []
+    for which, name in ((resource.RLIMIT_AS, "RLIMIT_AS, `ulimit -v`"), (resource.RLIMIT_DATA, "RLIMIT_DATA, `ulimit -d`")):
+        soft, _ = resource.getrlimit(which)
+        if soft != resource.RLIM_INFINITY:
+            limits.append(Limit(soft / 2 ** 30, f"this process's limit ({name})", True))
+    if (cgroup := cgroup_limit_bytes()) is not None:
+        limits.append(Limit(cgroup[0] / 2 ** 30, f"its cgroup's memory limit ({cgroup[1]})", False))
+    return limits
+
+
+_SMALLER = "lower train.micro_batch, train.global_batch or train.seq_len, choose a smaller model"
+
+
+def over_machine_memory(cfg: Config, machine_gib: float | None = None, limits: list[Limit] | None = None) -> str | None:
     """A run on this machine's CPU: every device is this machine's memory. One line when the
     estimate (each device's peak plus its pinned host bytes, times the devices) exceeds the
-    machine's memory (it would swap, or be killed part-way); None otherwise, or for other runs."""
+    machine's memory (it would swap, or be killed part-way), or a limit on this process
+    (`process_limits`; `limits` stands in for them): a `ulimit -v` counts the runtime's own
+    address space too (RUNTIME_ADDRESS_SPACE_GIB). None otherwise, or for other runs."""
     hw = cfg.hardware
     if hw.launcher != "local" or hw.platform != "cpu":
         return None
     machine = machine_memory_gib() if machine_gib is None else machine_gib
-    if machine is None:
-        return None
     devices = derive.device_count(hw)
     per_device = device_peak(cfg) + accounting.memory_per_device(cfg)["host"]
-    if devices * per_device <= machine:
-        return None
-    return (f"memory: the estimate for this CPU run is {devices * per_device:.1f} GiB ({devices} device(s) × "
-            f"{per_device:.1f} GiB), over this machine's {machine:.1f} GiB: it would swap or be killed part-way; "
-            "lower train.micro_batch, train.global_batch or train.seq_len, choose a smaller model, or set "
-            "plan.allow_over_memory=true")
+    if machine is not None and devices * per_device > machine:
+        return (f"memory: the estimate for this CPU run is {devices * per_device:.1f} GiB ({devices} device(s) × "
+                f"{per_device:.1f} GiB), over this machine's {machine:.1f} GiB: it would swap or be killed part-way; "
+                f"{_SMALLER}, or set plan.allow_over_memory=true")
+    for limit in process_limits() if limits is None else limits:
+        need = devices * per_device + (RUNTIME_ADDRESS_SPACE_GIB if limit.address_space else 0.0)
+        if need > limit.gib:
+            what = (f"{need:.1f} GiB of address space ({devices} device(s) × {per_device:.1f} GiB estimated + "
+                    f"{RUNTIME_ADDRESS_SPACE_GIB} GiB for JAX's runtime)" if limit.address_space
+                    else f"{need:.1f} GiB ({devices} device(s) × {per_device:.1f} GiB)")
+            return (f"memory: this CPU run needs about {what}, over {limit.name} of {limit.gib:.2f} GiB: it would "
+                    f"fail part-way; raise that limit, {_SMALLER}, or set plan.allow_over_memory=true")
+    return None
+
+
+def out_of_memory_line(what: str, limits: list[Limit] | None = None) -> str:
+    """The one line for a run that ran out of memory (`what`: the error's first line), naming the
+    limit it ran under and what to change."""
+    limits = process_limits() if limits is None else limits
+    machine = machine_memory_gib()
+    under = "; ".join(f"{limit.name} is {limit.gib:.2f} GiB" for limit in limits)
+    if not under:
+        under = f"this machine has {machine:.1f} GiB" if machine is not None else "no limit is set"
+    return (f"out of memory ({what.rstrip('.')}): {under}; {_SMALLER} (`dry_run=true` prints the estimate)"
+            + (", or raise that limit" if limits else ""))
 
 
 def launch_refusal(cfg: Config, machine_gib: float | None = None) -> str | None:
     """The one line that refuses to launch a run over memory, checked before anything is written,
     unless plan.allow_over_memory: a Slurm run over its devices' usable memory (`over_memory`), a
-    CPU run here over this machine's (`over_machine_memory`; `machine_gib` stands in for it)."""
+    CPU run here over this machine's memory or a limit on this process (`over_machine_memory`;
+    `machine_gib` stands in for the machine's memory)."""
     if cfg.plan.allow_over_memory:
         return None
     if cfg.hardware.launcher == "slurm":

@@ -40,3 +40,27 @@ def quiet_disk_full(record) -> bool:
     with its traceback several times; the run reports it once, as a DiskFull)."""
     err = record.exc_info[1] if record.exc_info else None
     return not ((err is not None and disk_full(err)) or "No space left on device" in str(record.msg))
+
+
+# What an allocation that failed says: Python's MemoryError, XLA's RESOURCE_EXHAUSTED ("Out of
+# memory allocating N bytes"), the dynamic loader mapping JAX's library under `ulimit -v`
+# ("failed to map segment from shared object"), a thread whose stack could not be mapped ("can't
+# start new thread"), an OSError with ENOMEM.
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "failed to map segment", "Cannot allocate memory",
+                  "can't start new thread")
+
+
+def out_of_memory(err: BaseException) -> str | None:
+    """The first line of the allocation failure that `err` is, was raised from or while handling
+    (None: it is none): what the command reports as out of memory, in one line."""
+    seen, stack = set(), [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == 12) \
+                or any(mark in str(e) for mark in _OUT_OF_MEMORY):
+            return first_line(e)[:300] if str(e).strip() else type(e).__name__
+        stack += [e.__cause__, e.__context__]
+    return None

@@ -247,7 +247,20 @@ def _end_if_running() -> None:
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
     if client(uri).get_run(run_id).info.status == "RUNNING":
         client(uri).set_terminated(run_id, "FAILED")
-        log.warning("the training process ended without ending MLflow run %s: it ends FAILED", run_id)
+        log.warning("the training process ended without ending MLflow run %s: it ends FAILED%s", run_id, _limit_hint())
+
+
+def _limit_hint() -> str:
+    """Under `ulimit -v` / `-d` (inherited from the trainer), the likely cause of a trainer that
+    vanished: XLA aborts the process when a native allocation or a thread fails there."""
+    import resource
+
+    for which, name in ((resource.RLIMIT_AS, "RLIMIT_AS, `ulimit -v`"), (resource.RLIMIT_DATA, "RLIMIT_DATA, `ulimit -d`")):
+        soft, _ = resource.getrlimit(which)
+        if soft != resource.RLIM_INFINITY:
+            return (f" (it ran under {name} = {soft / 2 ** 30:.2f} GiB, where XLA aborts the process when an "
+                    "allocation fails: raise the limit or choose a smaller model or batch)")
+    return ""
 
 
 def main() -> None:

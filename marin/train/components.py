@@ -83,11 +83,11 @@ class MetricLogger:
     def step(self, n: int, metrics) -> None:
         """Log the metrics of optimizer step n (the update from state n − 1): the metrics of
         step n, the eval and checkpoint after it, and `marin.status` all say n."""
-        import jax
         import numpy as np
 
+        from marin.train.host import to_host
 
-        metrics = jax.device_get(metrics)  # waits for step n to complete
+        metrics = to_host(metrics)  # waits for step n to complete (raises, not hangs, if it failed)
         if self.watchdog is not None:
             self.watchdog.beat(n)
         now = time.perf_counter()
@@ -207,14 +207,14 @@ class Evaluator:
         return (bool(self.every) and step % self.every == 0) or step in self.check.points
 
     def run(self, step: int, state) -> dict:
-        import jax
+        from marin.train.host import to_host
 
         self.tracker.log_metrics({f"data/tokens/{k}": v for k, v in self.loader.tokens_seen(step).items()}, step)
         self.tracker.log_metrics({f"data/epochs/{k}": v for k, v in self.loader.epochs_seen(step).items()}, step)
         losses = {}
         bytes_per_token = self.loader.eval_bytes_per_token()
         for name, batches in self.loader.eval_batches().items():
-            values = [dict(jax.device_get(self.eval_step(state, self.to_global(b)))) for b in batches]
+            values = [dict(to_host(self.eval_step(state, self.to_global(b)))) for b in batches]
             # Each batch weighs its scored targets (the padded last one less): the set's token mean.
             weights = [float(v.pop("scored", b["loss_mask"].sum())) for v, b in zip(values, batches)]
             total = sum(weights)

@@ -19,7 +19,9 @@ checkpoint of the same run directory and logs to the same MLflow run.
 
 Outside Slurm (and for SIGINT anywhere) the run stops instead: checkpoint at the step boundary,
 MLflow run KILLED, one line with the `resume=` command, exit status 128 + the signal number
-(130 for Ctrl-C, 143 for SIGTERM). A second Ctrl-C raises KeyboardInterrupt at once.
+(130 for Ctrl-C, 143 for SIGTERM). A second Ctrl-C (or SIGTERM, outside Slurm) raises
+KeyboardInterrupt at once; one the main thread cannot take, waiting inside XLA, ends the process
+from marin.train.escort's thread within seconds.
 
 SIGUSR1 (`python -m marin.ctl checkpoint <run>`: `kill -USR1` on this machine, `scancel
 --signal=USR1` under Slurm) is a forced checkpoint: `poll` answers `Save.FORCED` at the next step
@@ -44,6 +46,8 @@ import sys
 import threading
 from pathlib import Path
 
+from marin.train import escort
+
 log = logging.getLogger("marin.preempt")
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)   # preemption and time limit (requeue under Slurm)
@@ -59,6 +63,7 @@ _received = 0          # the first signal's number
 _max_requeues = 3
 _asked = 0             # forced checkpoints asked for (SIGUSR1) ...
 _answered = 0          # ... and those already taken at a step boundary
+_stopped_now = 0       # the second stop signal, which stops at once (KeyboardInterrupt)
 
 
 class Save(enum.IntEnum):
@@ -69,10 +74,12 @@ class Save(enum.IntEnum):
 
 
 def _on_signal(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
-    global _received
+    global _received, _stopped_now
     # No logging here: the logging lock may be held by the interrupted code.
-    if signum == signal.SIGINT and _flag.is_set():
-        os.write(2, b"[marin] second SIGINT: stopping now, without a checkpoint\n")
+    escort.took(signum)
+    if _flag.is_set() and (signum == signal.SIGINT or (signum == signal.SIGTERM and not under_slurm())):
+        _stopped_now = signum
+        os.write(2, f"[marin] second {signal.Signals(signum).name}: stopping now, without a checkpoint\n".encode())
         raise KeyboardInterrupt
     if not _flag.is_set():
         _received = signum
@@ -99,12 +106,19 @@ def install(max_requeues: int = 3) -> None:
     for sig in SIGNALS + STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     signal.signal(CHECKPOINT_SIGNAL, _on_checkpoint_signal)
+    if not under_slurm():  # a stop signal the main thread cannot take (it waits inside XLA) still stops it
+        escort.start((signal.SIGINT, signal.SIGTERM), _on_signal)
+
+
+def stopped_now() -> int:
+    """The signal that stopped the run at once (a second SIGINT, or SIGTERM outside Slurm); 0 if none."""
+    return _stopped_now
 
 
 def reset() -> None:
-    global _received, _asked, _answered
+    global _received, _asked, _answered, _stopped_now
     _flag.clear()
-    _received = _asked = _answered = 0
+    _received = _asked = _answered = _stopped_now = 0
 
 
 def poll(time_due: bool = False) -> tuple[int, Save]:

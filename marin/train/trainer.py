@@ -8,8 +8,9 @@ pure function of the step, so a resumed run sees exactly the batches an uninterr
 
 Endings, decided in one place (`fit`): FINISHED (at the last step, or at train.stop_after: then
 "stopped"); FAILED on an exception (a failed restore or set-up included); KILLED on SIGINT, or
-SIGTERM outside Slurm: checkpoint, SystemExit(128 + signal); a second Ctrl-C: no checkpoint, exit
-130. Each ends with one summary line on stdout (marin.train.ending: how, final losses, directory,
+SIGTERM outside Slurm: checkpoint, SystemExit(128 + signal); a second Ctrl-C (SIGTERM): no checkpoint,
+exit 130 (143); one the main thread cannot take inside XLA ends the process (marin.train.escort).
+Each ends with one summary line on stdout (marin.train.ending: how, final losses, directory,
 MLflow run, report, and the resume= command when unfinished) and the MLflow tag `ended`. Under Slurm,
 SIGTERM / SIGUSR2 checkpoint and requeue (SystemExit(0): the MLflow run stays open on purpose).
 SIGUSR1 is no ending: a forced checkpoint at the next step boundary, verified and logged. A hang
@@ -39,6 +40,7 @@ from marin.train.barrier import meet
 from marin.train.checkpoint import Checkpointer
 from marin.train.components import Evaluator, MetricLogger, confirm_forced
 from marin.train.ending import Ending, summary_line
+from marin.train.host import ready
 from marin.train.state import batch_sharding, init_sharded
 from marin.train.step import hyperparams, jit_steps
 from marin.train.watchdog import Watchdog, hang_if_asked
@@ -134,10 +136,12 @@ class Trainer:
             status = "KILLED"
             ending = self._ending("killed", stop.step, f"{signal.Signals(stop.signum).name}, checkpoint saved")
             raise SystemExit(preempt.exit_code(stop.signum)) from None
-        except KeyboardInterrupt:  # a second Ctrl-C: no checkpoint, but a clean ending
+        except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): no checkpoint, but a clean ending
             status = "KILLED"
-            ending = self._ending("killed", None, "a second Ctrl-C: no checkpoint, the newest one is kept")
-            raise SystemExit(preempt.exit_code(signal.SIGINT)) from None
+            signum = preempt.stopped_now() or signal.SIGINT
+            again = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            ending = self._ending("killed", None, f"a second {again}: no checkpoint, the newest one is kept")
+            raise SystemExit(preempt.exit_code(signum)) from None
         except SystemExit as end:  # preempt.requeue(): 0 leaves the run open; past max_requeues, KILLED
             status = None if end.code == 0 else "KILLED"
             ending = self._ending("requeued" if end.code == 0 else "killed", None,
@@ -277,7 +281,9 @@ class Trainer:
                      "on" if grouped_matmuls["pallas"] else "off")
         self.loader = self.loader or Loader(cfg, process_index=process, process_count=jax.process_count())
         tx = build_optimizer(cfg)
+        # ready(): an init (or restore, below) that ran out of memory raises; `int(state.step)` would hang
         state, shardings = init_sharded(cfg, tx, mesh, cfg.train.seed)
+        state = ready(state)
         self.batch_spec = batch_sharding(mesh)
         self.ckpt = Checkpointer(rec.run_dir, cfg)
         initialised_from = None
@@ -286,11 +292,13 @@ class Trainer:
         restored = self.ckpt.restore(state) if self.ckpt.latest_step() is not None or self.ckpt.set_aside() else None
         if restored is not None:
             state, saved = restored
+            state = ready(state)
             self.loader.resume(int(state.step), saved)
             log.info("resumed from step %d (%s)", int(state.step), self.ckpt.restored_from)
         elif cfg.train.init_from:  # another run's weights, or its whole state (init_from_mode), from <run>[@<step>]
             start_at = init_from.locate(cfg.train.init_from, rec.tracking_uri, backend.out_dir(cfg))
             state, saved, initialised_from = init_from.restore(cfg, state, start_at)
+            state = ready(state)
             if saved is not None:  # continue mode: every source goes on from its read position too
                 self.loader.resume(int(state.step), saved)
             log.info("%s, %s mode: training steps %d…", start_at.describe(), cfg.train.init_from_mode, int(state.step) + 1)
