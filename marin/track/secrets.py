@@ -49,7 +49,9 @@ URI_PASSWORD = re.compile(r"(?<=[A-Za-z0-9+.-])(://[^/\s:@'\"]*):([^/\s@'\"]+)@"
 CAMEL_RUN = re.compile(r"(?<=[A-Z])(?=[A-Z][a-z])")
 
 _known: set[str] = set()
-_longest_first: list[str] = []   # _known, longest first (a longer secret may contain a shorter one)
+# _known longest first (a longer secret may contain a shorter one), ordered once per new secret, not
+# per line masked; keyed by the set and its size (secrets are only ever added)
+_longest_first: tuple[tuple[int, int], list[str]] = ((0, 0), [])
 
 
 def components(name: str) -> list[str]:
@@ -80,9 +82,16 @@ def remember(value, min_length: int = MIN_LENGTH) -> None:
     if value is None or isinstance(value, bool):
         return
     text = str(value).strip()
-    if len(text) >= min_length and text.lower() not in _PLAIN and text != REDACTED and text not in _known:
+    if len(text) >= min_length and text.lower() not in _PLAIN and text != REDACTED:
         _known.add(text)
-        _longest_first[:] = sorted(_known, key=len, reverse=True)  # once per new secret, not per line masked
+
+
+def _in_order() -> list[str]:
+    global _longest_first
+    key = (id(_known), len(_known))
+    if _longest_first[0] != key:
+        _longest_first = (key, sorted(_known, key=len, reverse=True))
+    return _longest_first[1]
 
 
 def known() -> frozenset[str]:
@@ -93,7 +102,7 @@ def mask(text: str) -> str:
     """`text` with every remembered secret and every URI password replaced by <redacted>."""
     if not isinstance(text, str) or not text:
         return text
-    for secret in _longest_first:
+    for secret in _in_order():
         if secret in text:
             text = text.replace(secret, REDACTED)
     if "://" in text:

@@ -11,6 +11,7 @@ No timings here: each pattern is checked for the shape that makes it linear (whe
 begin), and against the old patterns on random short texts for what it masks."""
 import random
 import re
+import threading
 
 import pytest
 
@@ -94,9 +95,14 @@ def test_masking_a_line_does_not_sort_the_known_secrets_each_time(monkeypatch):
     the set, not per line."""
     secrets.remember("qz-long-secret-7781")
     secrets.mask("warm")  # the order is made here at the latest
-    calls = []
-    real_sorted = sorted
-    monkeypatch.setattr("builtins.sorted", lambda *a, **k: calls.append(1) or real_sorted(*a, **k))
+    calls, here, real_sorted = [], threading.get_ident(), sorted
+
+    def counted(*args, **kwargs):  # this thread's calls only: a daemon thread of another test may sort
+        if threading.get_ident() == here:
+            calls.append(1)
+        return real_sorted(*args, **kwargs)
+
+    monkeypatch.setattr("builtins.sorted", counted)
     for _ in range(100):
         assert secrets.mask("step 5 qz-long-secret-7781") == "step 5 <redacted>"
     assert calls == []
