@@ -51,6 +51,7 @@ log = logging.getLogger("marin.track")
 
 COMPOSED, RESOLVED, OVERRIDES, INFO, DIFF = "composed.yaml", "resolved.yaml", "overrides.yaml", "record.json", "git.diff"
 LOG = "run.log"  # the run's log lines (attach_log)
+LONG_PARAMS = "record/long_params.json"  # MLflow artifact: params past its limit, whole
 # Leaves that do not change what is trained: left out of the config hash.
 UNHASHED = ("tracking", "run", "data.root", "data.cache_dir", "reproduce", "resume", "fork", "dry_run", "wait",
             "verify", "verify_steps", "verify_rtol")
@@ -270,20 +271,51 @@ def _new_run_dir(root: Path, name: str, digest: str) -> Path:
 
 
 def mlflow_params(resolved_tree: dict) -> tuple[dict[str, str], dict[str, str]]:
-    """(params, too_long): flattened, stringified; values past MLflow's limit go to an artifact."""
+    """(params, too_long): flattened, stringified; a value past MLflow's limit is logged cut short,
+    with a note saying so (`shortened`), and whole in `too_long` (record/long_params.json; the
+    resolved config artifact has it too)."""
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     params, too_long = {}, {}
     for key, value in flatten(resolved_tree).items():
         text = secrets.mask(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
-        (params if len(text) <= MAX_PARAM_VAL_LENGTH else too_long)[key] = text
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            too_long[key] = text
+        params[key] = shortened(text, MAX_PARAM_VAL_LENGTH, f"record/{RESOLVED}")
     return params, too_long
 
 
-def _tag_value(text: str) -> str:
+def shortened(text: str, limit: int, whole_in: str) -> str:
+    """`text` if it has at most `limit` characters, else its start and a note of its length and
+    of where it is whole, `limit` characters in all (MLflow refuses a longer param or tag)."""
+    if len(text) <= limit:
+        return text
+    note = f" …(truncated: {len(text):,} characters, whole in {whole_in})"
+    return text[: max(limit - len(note), 0)] + note[: limit]
+
+
+def tag_value(text: str, whole_in: str = f"record/{INFO}") -> str:
+    """A tag's value within MLflow's limit (`shortened`)."""
     from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-    return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - 20] + " …(truncated)"
+    return shortened(text, MAX_TAG_VAL_LENGTH, whole_in)
+
+
+_tag_value = tag_value  # marin.launch.resume's name for it
+
+
+def list_tag(items: list[str], whole_in: str) -> str:
+    """A list of strings (overrides) as a JSON tag that stays JSON within MLflow's limit: each
+    item past an equal share is shortened (`shortened`), never the JSON text itself, which
+    readers parse (marin.report, marin.status)."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    share = MAX_TAG_VAL_LENGTH
+    while True:
+        text = json.dumps([shortened(i, share, whole_in) for i in items])
+        if len(text) <= MAX_TAG_VAL_LENGTH or share <= 1:
+            return text
+        share //= 2
 
 
 @dataclass(frozen=True)
@@ -364,7 +396,7 @@ def register(draft: Draft) -> RunRecord:
             "git_dirty": str(info["git"]["dirty"]).lower(),
             "config_hash": draft.digest,
             "run_dir": str(run_dir),
-            "overrides": _tag_value(json.dumps(safe_overrides)),
+            "overrides": list_tag(safe_overrides, f"record/{OVERRIDES}"),
             "run_name": resolved.run.name,
             "model": resolved.model.name,
             "router": resolved.router.kind,
@@ -379,7 +411,9 @@ def register(draft: Draft) -> RunRecord:
                 tags["verification_of"] = str(resolved.reproduce)  # marin/launch/verify.py adds verify_result
         if resolved.fork:  # <parent run id>@<step> (marin/launch/fork.py); the lineage follows these
             tags["forked_from"] = str(resolved.fork)
-        tags = {k: secrets.mask(str(v)) for k, v in tags.items()}
+        if "sweep_overrides" in tags:  # JSON its readers parse: shortened item by item
+            tags["sweep_overrides"] = list_tag(json.loads(tags["sweep_overrides"]), f"record/{OVERRIDES}")
+        tags = {k: tag_value(secrets.mask(str(v))) for k, v in tags.items()}
         run_name = secrets.mask(sweep.run_name(sweep_tags)
                                 or display_name(resolved.run.name, safe_overrides, unique_suffix(run_dir)))
         run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
@@ -493,7 +527,11 @@ def attach_log(rec) -> logging.Handler:
     for old in [h for h in root.handlers if getattr(h, "marin_run_log", False)]:  # one run per process
         root.removeHandler(old)
         old.close()
-    handler = _RunLog(Path(rec.run_dir) / LOG, encoding="utf-8")
+    path = Path(rec.run_dir) / LOG
+    # 0600 whatever the umask, as the run's other files: a log line can quote what masking missed
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
+    os.chmod(path, 0o600)
+    handler = _RunLog(path, encoding="utf-8")
     handler.marin_run_log = True
     handler.setFormatter(logging.Formatter("[%(asctime)s %(name)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(secrets.MaskingFilter())
@@ -526,7 +564,12 @@ def _log_params(client, run_id: str, resolved_tree: dict) -> None:
     for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
     if too_long:
-        client.log_dict(run_id, too_long, "record/long_params.json")
+        client.log_dict(run_id, too_long, LONG_PARAMS)
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        log.warning("%s: past MLflow's %s characters for a param: logged truncated; whole in the run's "
+                    "%s and MLflow's record/%s and %s", ", ".join(f"{k} ({len(v):,} characters)" for k, v in too_long.items()),
+                    f"{MAX_PARAM_VAL_LENGTH:,}", RESOLVED, RESOLVED, LONG_PARAMS)
 
 
 def _discard(client, run_id: str) -> None:

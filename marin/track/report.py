@@ -370,7 +370,7 @@ def run_html(client, run, run_dir: Path | None) -> str:
 
     loss = series.get("train/loss")
     total = runstate.last_step(params, tags) or "?"  # N / M: stop_after stops short of M
-    overrides = json.loads(tags.get("overrides", "[]") or "[]")
+    overrides = _json_list(tags.get("overrides"))
     headline = params.get("eval.headline") or "eval/macro_loss"   # runs from before the field: the mean
     summary = [
         ("run", f"{run.info.run_name} ({run_id})"),
@@ -449,7 +449,7 @@ def sweep_html(client, parent) -> str:
     kids = sweep.children(client, parent)
     rows, losses, evals = [], {}, {}
     for kid in kids:
-        overrides = json.loads(kid.data.tags.get("sweep_overrides", "[]") or "[]")
+        overrides = _json_list(kid.data.tags.get("sweep_overrides"))
         label = sweep.child_name(overrides) or kid.info.run_name
         loss = history(client, kid.info.run_id, "train/loss")
         macro = history(client, kid.info.run_id, "eval/macro_loss")
@@ -494,3 +494,13 @@ def _write(path: Path, page: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
+
+
+def _json_list(tag: str | None) -> list[str]:
+    """A JSON-list tag (overrides); a run made before such tags were shortened item by item may
+    hold one cut short past MLflow's limit: its text, as one item, not a failed report."""
+    try:
+        value = json.loads(tag or "[]")
+    except ValueError:
+        return [str(tag)]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]

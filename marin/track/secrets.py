@@ -39,14 +39,23 @@ NOT_SECRET = {"PWD", "OLDPWD", "SSH_AUTH_SOCK"}
 MIN_LENGTH = 4          # shorter values would mask ordinary text everywhere
 ENV_MIN_LENGTH = 8      # the environment is not ours: a short value there (KEY=main) is no real secret
 _PLAIN = {"true", "false", "none", "null", "yes", "no"}
-# scheme://user:password@host → the password part.
-_URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):([^/\s@'\"]+)@")
+# Every pattern here begins its match at a fixed point (a literal, the start of a run of name
+# characters, a zero-width point), never anywhere inside a run it then scans to its end: that
+# shape retries from every letter of a long value, quadratic (a 120 KB override took 20 s to mask).
+# scheme://user:password@host → the password part (group 2). The match begins at `://`; the
+# scheme is only looked at (one character of it), so `1://u:pw@h` is masked too.
+URI_PASSWORD = re.compile(r"(?<=[A-Za-z0-9+.-])(://[^/\s:@'\"]*):([^/\s@'\"]+)@")
+# HFToken → HF_Token: the point after a capital that is followed by a capital and a lower-case letter.
+CAMEL_RUN = re.compile(r"(?<=[A-Z])(?=[A-Z][a-z])")
 
 _known: set[str] = set()
+# _known longest first (a longer secret may contain a shorter one), ordered once per new secret, not
+# per line masked; keyed by the set and its size (secrets are only ever added)
+_longest_first: tuple[tuple[int, int], list[str]] = ((0, 0), [])
 
 
 def components(name: str) -> list[str]:
-    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", str(name))   # HFToken → HF_Token
+    spaced = CAMEL_RUN.sub("_", str(name))                            # HFToken → HF_Token
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", spaced)          # apiKey → api_Key
     return [c for c in re.split(r"[^a-z0-9]+", spaced.lower()) if c]
 
@@ -77,6 +86,14 @@ def remember(value, min_length: int = MIN_LENGTH) -> None:
         _known.add(text)
 
 
+def _in_order() -> list[str]:
+    global _longest_first
+    key = (id(_known), len(_known))
+    if _longest_first[0] != key:
+        _longest_first = (key, sorted(_known, key=len, reverse=True))
+    return _longest_first[1]
+
+
 def known() -> frozenset[str]:
     return frozenset(_known)
 
@@ -85,17 +102,17 @@ def mask(text: str) -> str:
     """`text` with every remembered secret and every URI password replaced by <redacted>."""
     if not isinstance(text, str) or not text:
         return text
-    for secret in sorted(_known, key=len, reverse=True):
+    for secret in _in_order():
         if secret in text:
             text = text.replace(secret, REDACTED)
     if "://" in text:
-        text = _URI_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+        text = URI_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
     return text
 
 
 def _uri_passwords(text: str) -> None:
     if "://" in text:
-        for m in _URI_PASSWORD.finditer(text):
+        for m in URI_PASSWORD.finditer(text):
             if m.group(2) != REDACTED:
                 remember(m.group(2))
 
@@ -166,7 +183,11 @@ def _parse_value(key: str, value: str):
             return parsed
     except Exception:
         pass
-    return {k: v.strip().strip("'\"") for k, v in re.findall(r"([\w.-]+)\s*:\s*([^,}\]]+)", value)}
+    return {k: v.strip().strip("'\"") for k, v in DICT_PAIR.findall(value)}
+
+
+# `key: value` in a dict override Hydra's parser refused; a key begins where its run of key characters does.
+DICT_PAIR = re.compile(r"(?<![\w.-])([\w.-]+)\s*:\s*([^,}\]]+)")
 
 
 # ---------------------------------------------------------------------------- writers' helpers
@@ -200,10 +221,23 @@ def redact_override(override: str) -> str:
 # `NAME=value`, `NAME: value`, `"NAME": "value"` (shell, .env, YAML, JSON, Python) anywhere in a line;
 # a command-line option `--NAME value` too (a space separates only after `--`, else any two words
 # would be an assignment). An HTTP auth scheme (`Authorization: Bearer TOKEN`) is kept, its token is
-# the value.
-_ASSIGNMENT = re.compile(r"""(?P<dash>--)?(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<quote>['"]?)"""
-                         r"""(?P<sep>\s*(?::|=|:=)\s*|(?(dash)\s+|(?!)))"""
-                         r"""(?P<open>['"]?)(?:(?:Bearer|Basic|Token|Digest)\s+)?(?P<value>[^\s'"]+)""")
+# the value. The match begins where a run of name characters begins (`run`: digits, dots or dashes,
+# then the name, possessively: nothing is given back); `assigned_name` finds the name in the run.
+ASSIGNMENT = re.compile(r"""(?<![A-Za-z0-9_.-])(?P<run>[0-9.-]*+[A-Za-z_][A-Za-z0-9_.-]*+)(?P<quote>['"]?)"""
+                        r"""(?P<sep>\s*(?::|=|:=)\s*|\s+)"""
+                        r"""(?P<open>['"]?)(?:(?:Bearer|Basic|Token|Digest)\s+)?(?P<value>[^\s'"]+)""")
+_DASHED_NAME = re.compile(r"--(?=[A-Za-z_])")
+
+
+def assigned_name(match: re.Match) -> str | None:
+    """The name an `ASSIGNMENT` match assigns to: the run from its first letter or underscore
+    (`1x.HF_TOKEN=` → x.HF_TOKEN); with a space for separator, the run after its first `--` that
+    a letter follows (`--api-key v` → api-key), else None (two words are no assignment)."""
+    run = match.group("run")
+    if ":" in match.group("sep") or "=" in match.group("sep"):
+        return run[re.search(r"[A-Za-z_]", run).start():]
+    dashes = _DASHED_NAME.search(run)
+    return run[dashes.end():] if dashes else None
 
 
 def mask_assignments(text: str) -> str:
@@ -213,13 +247,17 @@ def mask_assignments(text: str) -> str:
     secret); then `mask` as everywhere."""
     if not isinstance(text, str) or not text:
         return text
-
-    def redact_value(m: re.Match) -> str:
-        if not looks_secret(m.group("name")) or m.group("value") == REDACTED:
-            return m.group(0)
-        return m.group(0)[: m.start("value") - m.start()] + REDACTED
-
-    return mask(_ASSIGNMENT.sub(redact_value, text))
+    out, done, pos = [], 0, 0
+    while (m := ASSIGNMENT.search(text, pos)) is not None:
+        name = assigned_name(m)
+        if name is None:  # two words: the next assignment may begin at the second
+            pos = m.end("run")
+            continue
+        if looks_secret(name) and m.group("value") != REDACTED:
+            out += [text[done:m.start("value")], REDACTED]
+            done = m.end()
+        pos = m.end()
+    return mask("".join(out) + text[done:])
 
 
 def write_private(path, text: str) -> None:

@@ -245,10 +245,12 @@ def note_child(record, tags: dict) -> None:
     """One line per child in the sweep directory's jobs.jsonl (O_APPEND: safe for parallel jobs)."""
     folder = Path(tags["sweep_dir"])
     folder.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"run_id": record.run_id, "run_dir": str(record.run_dir),
-                       "overrides": json.loads(tags["sweep_overrides"])}) + "\n"
-    fd = os.open(folder / "jobs.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = secrets.mask(json.dumps({"run_id": record.run_id, "run_dir": str(record.run_dir),
+                                    "overrides": json.loads(tags["sweep_overrides"])})) + "\n"
+    # 0600 whatever the umask, as every file that can hold what masking missed (the overrides)
+    fd = os.open(folder / "jobs.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
+        os.fchmod(fd, 0o600)  # one made before this rule keeps its mode through O_CREAT
         os.write(fd, line.encode())
     finally:
         os.close(fd)

@@ -207,10 +207,10 @@ class Tracker:
             return
         text = secrets.mask(text)
 
-        def keep() -> None:
+        def keep() -> None:  # mode 0600, as every run file that can hold what masking missed
             path = self.run_dir / "unsent_artifacts" / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            secrets.write_private(path, text)
 
         self._jobs.put(lambda: self._attempt(worker.log_text, text, name) or keep())
 

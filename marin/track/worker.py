@@ -188,7 +188,9 @@ def log_batch(uri: str, run_id: str, metrics: list[tuple], tags: dict) -> None:
     from mlflow.entities import Metric, RunTag
     from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
-    items = [RunTag(k, v) for k, v in tags.items()]
+    # cut with a note here: MLflow cuts silently, or refuses the whole batch, metrics too, on every
+    # retry (MLFLOW_TRUNCATE_LONG_VALUES=false, an MLflow 2 server)
+    items = [RunTag(k, record.tag_value(str(v))) for k, v in tags.items()]
     for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
         client(uri).log_batch(run_id, tags=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
     for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):

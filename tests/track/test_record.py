@@ -1,5 +1,6 @@
 """The run record: directory contents, the MLflow run read back, atomicity, open()."""
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -109,13 +110,28 @@ def test_default_uri_is_absolute_sqlite_under_out_dir(monkeypatch):
     assert backend.tracking_uri(make_config("model=tiny", "tracking.uri=sqlite:////x.db")) == "sqlite:////x.db"
 
 
-def test_values_past_the_param_limit_go_to_an_artifact(configure, store):
-    long_value = "x" * 7000
-    rec = record.create(*configure("run.name=longparam", f"+hardware.env.LONG_FLAG={long_value}"))
+def test_values_past_the_param_limit_go_to_an_artifact(configure, store, caplog):
+    """A value past MLflow's 6,000 characters is logged cut short with a note, whole in
+    record/long_params.json and the resolved config; said once. The overrides tag stays JSON."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+
+    long_value = "x" * 9000   # past both limits: the param and the overrides tag
+    with caplog.at_level(logging.WARNING, logger="marin.track"):
+        rec = record.create(*configure("run.name=longparam", f"+hardware.env.LONG_FLAG={long_value}"))
     client = MlflowClient(store["uri"])
-    assert "hardware.env.LONG_FLAG" not in client.get_run(rec.run_id).data.params
+    run = client.get_run(rec.run_id)
+    logged = run.data.params["hardware.env.LONG_FLAG"]
+    assert len(logged) == MAX_PARAM_VAL_LENGTH and logged.startswith("x" * 5000)
+    assert logged.endswith("(truncated: 9,000 characters, whole in record/resolved.yaml)")
     path = client.download_artifacts(rec.run_id, "record/long_params.json", str(rec.run_dir / "dl"))
     assert json.loads(open(path).read())["hardware.env.LONG_FLAG"] == long_value
+    assert long_value in (rec.run_dir / record.RESOLVED).read_text()
+    said = [r.getMessage() for r in caplog.records if "hardware.env.LONG_FLAG" in r.getMessage()]
+    assert len(said) == 1 and "logged truncated" in said[0], said
+    overrides = json.loads(run.data.tags["overrides"])   # marin.report parses it
+    assert len(run.data.tags["overrides"]) <= MAX_TAG_VAL_LENGTH
+    assert overrides[:2] == ["model=micro", "train.steps=4"]
+    assert [o for o in overrides if "LONG_FLAG" in o][0].endswith("whole in record/overrides.yaml)")
 
 
 @pytest.fixture
