@@ -2,7 +2,7 @@
 
     python benchmarks/big_override.py [--pairs 2] [--steps 30] [--size 120000] [--project DIR]
 
-Runs `launch.py train.steps=STEPS` with and without `run.sweep_id=<SIZE characters>` (a free-text
+Runs `launch.py train.steps=STEPS` with and without `+hardware.env.MARIN_NOTE=<SIZE characters>` (a free-text
 field: it reaches argv, the overrides, record.json and MLflow's tags), PAIRS pairs, alternating
 which goes first, each a fresh process against its own store. Per run: the wall clock, and the
 training rate (steps/s between the first and the last train/loss of metrics.jsonl, which a stall
@@ -50,8 +50,8 @@ def mask_cost(project: Path, size: int, repeats: int = 3) -> tuple[float, float]
     from marin.track import secrets
 
     def text(value: str) -> str:
-        return json.dumps({"tracking_uri": "sqlite:////tmp/mlflow.db", "argv": ["launch.py", f"run.sweep_id={value}"],
-                          "overrides": [f"run.sweep_id={value}"]}, indent=2)
+        return json.dumps({"tracking_uri": "sqlite:////tmp/mlflow.db", "argv": ["launch.py", f"+hardware.env.MARIN_NOTE={value}"],
+                          "overrides": [f"+hardware.env.MARIN_NOTE={value}"]}, indent=2)
 
     def best(t: str) -> float:
         times = []
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--project", type=Path, default=ROOT, help="the checkout whose launch.py runs (default: this one)")
     p.add_argument("--skip-runs", action="store_true", help="only the in-process masking figure")
     args = p.parse_args()
-    big = [f"run.sweep_id={'x' * args.size}"]
+    big = [f"+hardware.env.MARIN_NOTE={'x' * args.size}"]
     if not args.skip_runs:
         results: dict[str, list[tuple[float, float]]] = {"plain": [], "big": []}
         with tempfile.TemporaryDirectory() as tmp:

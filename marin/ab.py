@@ -31,7 +31,7 @@ from marin.config.paths import PROJECT_ROOT
 from marin.config.store import override
 from marin.launch.fork import Fork, ForkError, compose
 from marin.launch.reproduce import lookup_uri, out_dir
-from marin.track import backend, record
+from marin.track import backend, record, secrets
 from marin.track.record import flatten
 from marin.track.tracker import read_metrics
 from marin.train.init_from import InitFromError, split
@@ -76,7 +76,8 @@ def candidate_leaves(control: Fork, candidate: Fork) -> dict:
 def write_arms(folder: Path, leaves: dict) -> None:
     """conf-style folder with group `ab`: control (nothing) and candidate (its leaves, global)."""
     (folder / "ab").mkdir(parents=True, exist_ok=True)
-    (folder / "ab" / "control.yaml").write_text("# @package _global_\n# the control: the parent's config as it was\n{}\n")
+    # 0600, as every file that can hold a config's values (a candidate's hardware.env.* token)
+    secrets.write_private(folder / "ab" / "control.yaml", "# @package _global_\n# the control: the parent's config as it was\n{}\n")
     tree: dict = {}
     for key, value in leaves.items():
         node = tree
@@ -84,8 +85,8 @@ def write_arms(folder: Path, leaves: dict) -> None:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    (folder / "ab" / "candidate.yaml").write_text("# @package _global_\n# the candidate: what its overrides change\n"
-                                                 + record.to_yaml(tree))
+    secrets.write_private(folder / "ab" / "candidate.yaml", "# @package _global_\n# the candidate: what its overrides "
+                          "change\n" + record.to_yaml(tree))
 
 
 def divergence(parent: dict[int, float], control: dict[int, float], first: int, last: int) -> tuple[str, bool]:

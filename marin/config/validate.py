@@ -81,6 +81,9 @@ def missing_keys(cfg: DictConfig) -> list[tuple[str, str]]:
     return problems
 
 
+SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 def check_run_name(name) -> list[tuple[str, str]]:
     """run.name names a folder directly inside run.out_dir/runs: a safe set of characters only
     (`../../x`, `${oc.env:HOME}`, `q$(touch x)` or `.` are refused)."""
@@ -88,12 +91,27 @@ def check_run_name(name) -> list[tuple[str, str]]:
     if RUN_NAME.fullmatch(text):
         return []
     return [("run.name", "must be a plain folder name: 1–120 letters, digits or . _ - + =, starting with a "
-             f"letter or digit; got {text!r}")]
+             f"letter or digit; got {_shown(text)}")]
+
+
+def check_sweep_id(sweep_id) -> list[tuple[str, str]]:
+    """run.sweep_id ends the sweep's folder name and is the tag its jobs find their parent by
+    (MLflow cuts a tag past 8,000 characters, and a later job would find none)."""
+    if sweep_id is None or SWEEP_ID.fullmatch(str(sweep_id)):
+        return []
+    return [("run.sweep_id", f"must be 1–64 letters, digits or . _ -, starting with a letter or digit; got "
+             f"{_shown(str(sweep_id))}")]
+
+
+def _shown(text: str, most: int = 80) -> str:
+    """A refused value as an error line quotes it: its first `most` characters (a 120 KB value
+    pasted by mistake is not printed whole)."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}… ({len(text):,} characters)"
 
 
 def check_leaves(cfg: Config) -> list[tuple[str, str]]:
     """Checks on single leaves that the schema's types cannot express."""
-    problems = check_run_name(cfg.run.name)
+    problems = check_run_name(cfg.run.name) + check_sweep_id(cfg.run.sweep_id)
     problems += fields.problems(cfg)  # every leaf against its field's choices or range (finite, int32)
     problems += _empty_refs(cfg)
     if cfg.model.ep_transport == "ragged" and cfg.hardware.platform == "cpu" and cfg.dry_run in (False, *COMPILE_DRY_RUNS):

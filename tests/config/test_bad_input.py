@@ -201,3 +201,18 @@ def test_stop_at_past_the_last_step_is_one_line_naming_it():
         make_config("train.steps=10", "train.stop_at=11")
     with pytest.raises(ConfigError, match=r"data.shuffle_window: must be a multiple of train.seq_len \(128\)"):
         make_config("data.shuffle_window=100")
+
+
+def test_a_long_or_unsafe_sweep_id_and_a_huge_name_are_one_short_line():
+    """A 120 KB value pasted by mistake: refused naming the field, quoted cut short."""
+    from marin.config.validate import ConfigError
+    from tests.helpers import make_config
+
+    with pytest.raises(ConfigError, match=r"run.sweep_id: must be 1–64 letters.*\(120,000 characters\)") as err:
+        make_config("run.sweep_id=" + "x" * 120_000)
+    assert len(str(err.value)) < 400
+    with pytest.raises(ConfigError, match=r"run.sweep_id: must be"):
+        make_config("run.sweep_id=../a")
+    with pytest.raises(ConfigError, match=r"run.name: must be a plain folder name.*\(5,000 characters\)") as err:
+        make_config("run.name=" + "y" * 5_000)
+    assert len(str(err.value)) < 400

@@ -46,3 +46,11 @@ def test_a_sweeps_jobs_file_is_private_even_one_made_before(tmp_path, loose_umas
     sweep.note_child(SimpleNamespace(run_id="r2", run_dir=tmp_path / "r2"), tags)
     assert mode(jobs) == 0o600
     assert len(jobs.read_text().splitlines()) == 2
+
+
+def test_an_ab_arms_option_files_are_private(tmp_path):
+    from marin import ab
+
+    ab.write_arms(tmp_path, {"optim.lr": 0.005, "hardware.env.HF_TOKEN": "arm-secret"})
+    for arm in ("control", "candidate"):
+        assert stat.S_IMODE((tmp_path / "ab" / f"{arm}.yaml").stat().st_mode) == 0o600
