@@ -145,8 +145,11 @@ def hydra_problem(err: BaseException) -> str:
         if key == "verify":  # `verify=<run>`: the flag goes with reproduce=
             line += f" (a replay of run {value}: {shell_join(['python', 'launch.py', f'reproduce={value}', 'verify=true'])})"
         return line
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return " ".join(lines[:1] + [str(cause).splitlines()[0]] if cause else lines[:1]) or type(err).__name__
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]  # an option file's error: its reason below
+    reason = [line for line in lines[1:] if " not in '" in line or "could not be converted" in line or "not a valid" in line]
+    if not reason and cause is not None:
+        reason = str(cause).splitlines()[:1]
+    return " ".join(lines[:1] + reason[:1]) or type(err).__name__
 
 
 def _other_command(args) -> bool:
