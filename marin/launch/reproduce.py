@@ -235,16 +235,19 @@ def replay_name(name: str, what: str) -> str:
     return name if name.endswith(suffix) else name[:RUN_NAME_MAX - len(suffix)] + suffix
 
 
-def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing") -> tuple[Config, Config, list[str]]:
+def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing",
+              added: list[str] = ()) -> tuple[Config, Config, list[str]]:
     """(composed, resolved, overrides for the new record) of the run at `ref` with `new_overrides`.
 
     `new_overrides` are this command line's overrides (a ``reproduce=`` entry among them is
     ignored). `verb` says what the caller does with it in its warnings ("resuming": resume= says
-    itself which run it continues). A reproduction is named `<name>-reproduce` unless
+    itself which run it continues). `added`: overrides the caller adds (verify's replay name),
+    applied but not reported as this command line's. A reproduction is named `<name>-reproduce` unless
     `new_overrides` name it. Raises ReproduceError (one line) or validate.ConfigError.
     """
     new = [o for o in new_overrides if override_key(o) != "reproduce"]
-    given = list(new)  # what this command line changes (not the run.name added below)
+    given = list(new)  # what this command line changes (not the run.name added below, nor `added`)
+    new += list(added)
     try:
         source = record.open(ref, tracking_uri=lookup_uri(new), out_dir=out_dir(new))
     except record.RecordError as err:

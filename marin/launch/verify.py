@@ -304,7 +304,7 @@ def verify(cfg, job_overrides: list[str]) -> None:
     """launch.py with verify=true: plan, recompose, replay here, compare; exits 0, 1 or 2."""
     try:
         chosen = plan(cfg, job_overrides)
-        composed, resolved, overrides = recompose(str(cfg.reproduce), job_overrides + chosen.overrides)
+        composed, resolved, overrides = recompose(str(cfg.reproduce), job_overrides, added=chosen.overrides)
     except (VerifyError, ReproduceError) as err:
         fail(str(err) if isinstance(err, VerifyError) else f"reproduce: {err}")
     except ConfigError as err:

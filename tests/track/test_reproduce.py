@@ -242,7 +242,9 @@ def test_the_reproducing_line_counts_only_the_overrides_given(source, caplog):
     with caplog.at_level(logging.INFO, logger="marin"):
         recompose(str(source.run_dir), [])
         recompose(str(source.run_dir), ["train.steps=6", "optim.lr=0.004"])
+        recompose(str(source.run_dir), ["verify=true"], added=["run.name=probe-verify"])  # as verify calls it
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reproducing run")]
     assert lines == [f"reproducing run {source.run_id} ({source.run_dir}), as it was",
                      f"reproducing run {source.run_id} ({source.run_dir}) with 2 new override(s): train.steps=6 "
-                     "optim.lr=0.004"]
+                     "optim.lr=0.004",
+                     f"reproducing run {source.run_id} ({source.run_dir}) with 1 new override(s): verify=true"]
