@@ -56,18 +56,24 @@ def test_a_run_out_of_memory_under_a_ulimit_ends_with_one_line_and_a_failed_run(
         assert [status for (status,) in db.execute("select status from runs")] == ["FAILED"]
 
 
+# A program whose outputs (3 GiB) are over a 4 GiB address-space limit: `step`, the small one,
+# is what the host then reads.
+OVER_LIMIT = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def make(key):
+        big = [jax.random.normal(jax.random.fold_in(key, i), (50_000, 4096)) for i in range(4)]  # 3 GiB
+        return jnp.zeros((), jnp.int32), big
+    step, _ = make(jax.random.key(0))
+""")
+
+
 def test_a_host_read_of_a_computation_that_ran_out_of_memory_raises(tmp_path):
     """The root of the hang, alone: several outputs over the limit, then the small one read on
     the host. `jax.device_get` waits for ever there (jaxlib 0.10.2); `to_host` raises the error."""
-    probe = textwrap.dedent("""
-        import jax, jax.numpy as jnp
+    probe = OVER_LIMIT + textwrap.dedent("""
         from marin.train.host import to_host
-
-        @jax.jit
-        def make(key):
-            big = [jax.random.normal(jax.random.fold_in(key, i), (50_000, 4096)) for i in range(4)]  # 3 GiB
-            return jnp.zeros((), jnp.int32), big
-        step, _ = make(jax.random.key(0))
         try:
             to_host(step)
         except jax.errors.JaxRuntimeError as err:
@@ -131,15 +137,8 @@ def test_stop_signals_end_a_process_stuck_inside_xla(tmp_path):
     import signal
     import time
 
-    probe = textwrap.dedent("""
-        import jax, jax.numpy as jnp
+    probe = OVER_LIMIT + textwrap.dedent("""
         from marin.train import preempt
-
-        @jax.jit
-        def make(key):
-            big = [jax.random.normal(jax.random.fold_in(key, i), (50_000, 4096)) for i in range(4)]  # 3 GiB
-            return jnp.zeros((), jnp.int32), big
-        step, _ = make(jax.random.key(0))
         preempt.install()
         print("waiting", flush=True)
         jax.device_get(step)  # never answers (jaxlib 0.10.2)
