@@ -323,8 +323,8 @@ def _sweep_line_from_files(folder: Path) -> str:
     """As `_sweep_line`, from the sweep's directory and its jobs' run directories."""
     info, jobs, state = sweep_from_files(folder)
     ended = sum(j.state in (*sweep.TERMINAL, "STOPPED") for j in jobs)
-    losses = [j for j in jobs if j.loss is not None]
-    best = f"  best loss {min(losses, key=lambda j: j.loss).loss:.4f} ({min(losses, key=lambda j: j.loss).label})" if losses else ""
+    best = min((j for j in jobs if j.loss is not None), key=lambda j: j.loss, default=None)
+    best = f"  best loss {best.loss:.4f} ({best.label})" if best else ""
     return f"{state:<9}  {ended_of(ended, info.get('expected_jobs'), len(jobs))}{best}"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from marin.config import derive
 from marin.config.schema import Config
 from marin.model import accounting
+from marin.track.errors import address_limits
 
 
 def host_limit_gib(hw) -> float | None:
@@ -143,13 +144,7 @@ def cgroup_limit_bytes(root: Path = Path("/sys/fs/cgroup"), membership: Path = P
 def process_limits() -> list[Limit]:
     """The limits this process runs under besides the machine's memory: `ulimit -v` (RLIMIT_AS),
     `ulimit -d` (RLIMIT_DATA), its cgroup's memory limit."""
-    import resource
-
-    limits = []
-    for which, name in ((resource.RLIMIT_AS, "RLIMIT_AS, `ulimit -v`"), (resource.RLIMIT_DATA, "RLIMIT_DATA, `ulimit -d`")):
-        soft, _ = resource.getrlimit(which)
-        if soft != resource.RLIM_INFINITY:
-            limits.append(Limit(soft / 2 ** 30, f"this process's limit ({name})", True))
+    limits = [Limit(gib, f"this process's limit ({name})", True) for name, gib in address_limits()]
     if (cgroup := cgroup_limit_bytes()) is not None:
         limits.append(Limit(cgroup[0] / 2 ** 30, f"its cgroup's memory limit ({cgroup[1]})", False))
     return limits

@@ -38,9 +38,8 @@ from marin.launch import slurm as slurm_launch
 from marin.launch.distributed import apply_environment, check_gpu_install
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
-from marin.track import backend, record, secrets
+from marin.track import backend, record, runlock, secrets
 from marin.track.record import flatten
-from marin.track import runlock
 from marin.train.checkpoint import (
     CheckpointError,
     NoCheckpointError,

@@ -64,3 +64,16 @@ def out_of_memory(err: BaseException) -> str | None:
             return first_line(e)[:300] if str(e).strip() else type(e).__name__
         stack += [e.__cause__, e.__context__]
     return None
+
+
+def address_limits() -> list[tuple[str, float]]:
+    """The address-space limits this process runs under, (name, GiB): `ulimit -v` (RLIMIT_AS) and
+    `ulimit -d` (RLIMIT_DATA), where set. A child (the tracking process) inherits them."""
+    import resource
+
+    limits = []
+    for which, name in ((resource.RLIMIT_AS, "RLIMIT_AS, `ulimit -v`"), (resource.RLIMIT_DATA, "RLIMIT_DATA, `ulimit -d`")):
+        soft, _ = resource.getrlimit(which)
+        if soft != resource.RLIM_INFINITY:
+            limits.append((name, soft / 2 ** 30))
+    return limits

@@ -76,17 +76,14 @@ def trainer_gone(run_dir: str | Path, slurm_job: str | None = None) -> bool:
             return not set(done.stdout.split()) & set(SLURM_LIVE)
         return False
     try:
-        entry = json.loads((Path(run_dir) / LOCK).read_text() or "null")
-        pid, host = int(entry["pid"]), entry["host"]
-    except (OSError, ValueError, TypeError, KeyError):
+        holder = _entry((Path(run_dir) / LOCK).read_bytes())
+    except OSError:
         return False
-    if host != socket.gethostname():
+    if holder is None or holder[1] != socket.gethostname():
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process holds that pid now: not ours
+        os.kill(holder[0], 0)
+    except (ProcessLookupError, PermissionError):  # gone, or another user's process has that pid now
         return True
     return False
 
@@ -94,7 +91,16 @@ def trainer_gone(run_dir: str | Path, slurm_job: str | None = None) -> bool:
 def _holder(fd: int) -> str:
     """'pid N (host H)' as the holder wrote it; a holder that has not written it yet is unnamed."""
     try:
-        entry = json.loads(os.pread(fd, 4096, 0) or b"null")
-        return f"pid {int(entry['pid'])} (host {entry['host']})"
-    except (OSError, ValueError, TypeError, KeyError):
-        return "another process"
+        holder = _entry(os.pread(fd, 4096, 0))
+    except OSError:
+        holder = None
+    return f"pid {holder[0]} (host {holder[1]})" if holder else "another process"
+
+
+def _entry(raw: bytes) -> tuple[int, str] | None:
+    """(pid, host) from the lock file's content; None for an empty or damaged one."""
+    try:
+        entry = json.loads(raw or b"null")
+        return int(entry["pid"]), str(entry["host"])
+    except (ValueError, TypeError, KeyError):
+        return None

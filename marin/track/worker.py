@@ -32,7 +32,7 @@ from concurrent.futures import Future
 
 from marin.config.paths import PROJECT_ROOT
 from marin.track import backend, record, secrets, sweep
-from marin.track.errors import first_line
+from marin.track.errors import address_limits, first_line
 
 log = logging.getLogger("marin.track")
 
@@ -255,14 +255,12 @@ def _end_if_running() -> None:
 def _limit_hint() -> str:
     """Under `ulimit -v` / `-d` (inherited from the trainer), the likely cause of a trainer that
     vanished: XLA aborts the process when a native allocation or a thread fails there."""
-    import resource
-
-    for which, name in ((resource.RLIMIT_AS, "RLIMIT_AS, `ulimit -v`"), (resource.RLIMIT_DATA, "RLIMIT_DATA, `ulimit -d`")):
-        soft, _ = resource.getrlimit(which)
-        if soft != resource.RLIM_INFINITY:
-            return (f" (it ran under {name} = {soft / 2 ** 30:.2f} GiB, where XLA aborts the process when an "
-                    "allocation fails: raise the limit or choose a smaller model or batch)")
-    return ""
+    limits = address_limits()
+    if not limits:
+        return ""
+    name, gib = limits[0]
+    return (f" (it ran under {name} = {gib:.2f} GiB, where XLA aborts the process when an "
+            "allocation fails: raise the limit or choose a smaller model or batch)")
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from marin.model import accounting
 from marin.optim import lr_at
 from marin.track import record
 from marin.track.forecast_check import Check
+from marin.train.host import to_host
 
 log = logging.getLogger("marin.train")
 
@@ -84,8 +85,6 @@ class MetricLogger:
         """Log the metrics of optimizer step n (the update from state n − 1): the metrics of
         step n, the eval and checkpoint after it, and `marin.status` all say n."""
         import numpy as np
-
-        from marin.train.host import to_host
 
         metrics = to_host(metrics)  # waits for step n to complete (raises, not hangs, if it failed)
         if self.watchdog is not None:
@@ -207,8 +206,6 @@ class Evaluator:
         return (bool(self.every) and step % self.every == 0) or step in self.check.points
 
     def run(self, step: int, state) -> dict:
-        from marin.train.host import to_host
-
         self.tracker.log_metrics({f"data/tokens/{k}": v for k, v in self.loader.tokens_seen(step).items()}, step)
         self.tracker.log_metrics({f"data/epochs/{k}": v for k, v in self.loader.epochs_seen(step).items()}, step)
         losses = {}
