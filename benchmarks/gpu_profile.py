@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 # First match wins; the rest is "other" (norms, convolutions, embedding, copies XLA inserted). The
 # scopes are the model's own names: Flax modules (attn, moe, head) and the
@@ -136,6 +136,9 @@ def profile_step(run_one, hlo_text: str, top: int = 20) -> dict:
         "by_part_ms": {k: ms(v) for k, v in sorted(by_part.items(), key=lambda kv: -kv[1])},
         "by_class_ms": {k: ms(v) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
         "unattributed_ms": ms(unmatched),
+        # How many of the step's instructions each part holds: unlike the times, this does not move
+        # when a thread of a shared machine is descheduled mid-kernel.
+        "ops_by_part": dict(sorted(Counter(row[2] for row in by_op.values()).items(), key=lambda kv: -kv[1])),
         "matmul_and_attention_share": (by_class["GEMM"] + by_class["attention kernel"]) / total,
         "top_ops": [{"op": op, "ms": ms(v[0]), "count": v[1], "part": v[2], "kernel": v[3][:60]}
                     for op, v in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]],

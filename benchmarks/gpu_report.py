@@ -56,7 +56,9 @@ def markdown(results: dict) -> str:
             total = prof["kernel_ms"] or 1.0
             lines += [f"## profile (one step: wall {prof['wall_ms']} ms, kernels {prof['kernel_ms']} ms; "
                       f"GEMM + attention kernels {prof['matmul_and_attention_share']:.0%})", "",
-                      *_table(["part", "ms", "share"], [[k, v, f"{v / total:.0%}"] for k, v in prof["by_part_ms"].items()]),
+                      *_table(["part", "ms", "share", "instructions"],
+                              [[k, v, f"{v / total:.0%}", prof.get("ops_by_part", {}).get(k, "")]
+                               for k, v in prof["by_part_ms"].items()]),
                       *_table(["kernel class", "ms", "share"],
                               [[k, v, f"{v / total:.0%}"] for k, v in prof["by_class_ms"].items()]),
                       *_table(["top op", "part", "kernel", "count", "ms"],

@@ -36,7 +36,10 @@ def test_the_gpu_check_runs_every_part_at_toy_size(tmp_path):
     for part in ("attention", "routing", "dispatch", "expert GEMMs", "head and loss", "optimizer"):
         assert by_part.get(part, 0) > 0, (part, by_part)
     assert sum(by_part.values()) == pytest.approx(profile["kernel_ms"], rel=0.01)
-    assert by_part.get("other", 0) < 0.5 * profile["kernel_ms"], by_part
+    # Most of the step's instructions carry a part's name. (Not their time: at toy size on a shared
+    # CPU one descheduled thread can hold a single kernel for longer than the whole step.)
+    ops = profile["ops_by_part"]
+    assert ops.get("other", 0) < 0.5 * sum(ops.values()), ops
 
     for kernel, result in parts["attention"]["results"].items():
         assert "error" not in result and result["ms"] > 0, (kernel, result)
