@@ -293,7 +293,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing",
                                    and k not in SITE + CONTROL + NOT_INHERITED + ("run.name",)
                                    and merged[k] != secrets.REDACTED)
     if drift:
-        log.warning("conf/ changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
+        log.warning("conf/ (or the site config, local/site.yaml) changed since the run; keeping the saved values of %s", ", ".join(drift[:10])
                     + (f" (+{len(drift) - 10} more)" if len(drift) > 10 else ""))
     for key, value in wanted.items():  # what the new overrides change
         if key not in base or base[key] != value:

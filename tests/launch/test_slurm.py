@@ -158,7 +158,7 @@ def test_multirun_is_one_job_array_and_returns_at_once(tmp_path, tracking_uri, c
     assert field(again.stdout, "slurm job").isdigit()
     copy = Path(field(again.stdout, "run directory"))
     assert copy != original and copy.name.startswith("slurmgrid-lr=0.001-reproduce-"), copy
-    assert "conf/ changed since the run" not in again.stderr, again.stderr[-3000:]
+    assert "changed since the run" not in again.stderr, again.stderr[-3000:]
     reference = dict(logged_losses(original))
     other = dict(logged_losses(Path(next(d for _, run_id, d in jobs if run_id == names["lr=0.003"]))))
     assert sorted(reference) == list(range(1, GRID_STEPS + 1)) and other != reference   # the name picks its job

@@ -102,7 +102,7 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys, 
     assert done.returncode == 0, done.stderr[-2000:]
     before = set((out / "runs").iterdir())
     assert launch_here(f"reproduce={ref}", *where) == 0
-    # its name was made by the sweep, not by conf/: no "conf/ changed since the run" about it
+    # its name was made by the sweep, not by conf/: no "changed since the run" about it
     assert "keeping the saved values of run.name" not in caplog.text
     copy = _new_run(out, before)
     assert copy.name.startswith("grid-lr=0.001-reproduce-")
