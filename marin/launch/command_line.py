@@ -11,6 +11,7 @@ No JAX.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser  # Hydra's own parser: the argv forms it accepts
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 from hydra.types import RunMode
 
@@ -40,9 +41,10 @@ class Show:
     package: Optional[str]
 
 
-def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
-    """The argv to give Hydra, and what to show instead of running (None: run). Refuses, in one
-    line with exit status 2, what Hydra would answer badly."""
+def refuse(argv: list[str], sweep_hint: str = "add -m"):
+    """Hydra's parse of `argv` (a Hydra app's sys.argv), after refusing in one line with exit
+    status 2 what Hydra would answer badly: unknown keys, its output folders, a sweep without -m
+    (`sweep_hint`: what to do instead). Also the command line of `python -m marin.data.prepare`."""
     args = get_args_parser().parse_args(argv[1:])
     if not (args.help or args.hydra_help or args.shell_completion or args.info):  # nothing composed
         _refuse_unknown_keys(args.overrides)
@@ -51,7 +53,14 @@ def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
                 fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
                      "(a run's directory is <run.out_dir>/<run.name>)")
         if not args.multirun:
-            _refuse_sweeps(args.overrides)
+            _refuse_sweeps(args.overrides, sweep_hint)
+    return args
+
+
+def read(argv: list[str]) -> tuple[list[str], Optional[Show]]:
+    """The argv to give Hydra, and what to show instead of running (None: run). Refuses, in one
+    line with exit status 2, what Hydra would answer badly."""
+    args = refuse(argv)
     if args.cfg != "job" or _other_command(args):
         return argv, None  # Hydra's own --cfg hydra|all, and its refusal of two commands at once
     # The same command line without --cfg: Hydra composes it as for a run and calls the task.
@@ -75,7 +84,7 @@ def _refuse_unknown_keys(overrides: list[str]) -> None:
             fail(f"{key}: no such key{' or group' if at == 0 else ''}; {unknown_key_message(key)}")
 
 
-def _refuse_sweeps(overrides: list[str]) -> None:
+def _refuse_sweeps(overrides: list[str], hint: str) -> None:
     """A comma list (`optim.lr=1e-3,3e-3`, `sweep=a,b`), range() or choice() runs only with -m;
     Hydra's answer without it is five lines of options."""
     parser = OverridesParser.create()
@@ -89,7 +98,7 @@ def _refuse_sweeps(overrides: list[str]) -> None:
                 values = f" of {len(list(override.sweep_string_iterator()))} values"
             except HydraException:  # glob() and interval(): counted only by a sweeper
                 values = ""
-            fail(f"{text} is a sweep{values}: add -m")
+            fail(f"{text} is a sweep{values}: {hint}")
 
 
 def refuse_sweep_without_multirun() -> None:
@@ -137,6 +146,10 @@ def hydra_problem(err: BaseException) -> str:
     if isinstance(err, OverrideParseException):
         return (f"{err.override}: {str(err.message).splitlines()[0]} (Hydra's override grammar: quote a value "
                 "that holds '=' or a space, key='a=b')")
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
+        where = re.match(r"In '([^']+)'", str(err))  # 'config': the command line; else the file that asked
+        return _unknown_option(err.missing_cfg_file, list(err.options),
+                               where.group(1) if where and where.group(1) != "config" else None)
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         key, value, reason = cause.full_key, getattr(cause, "value", None), str(cause.msg).splitlines()[0]
@@ -150,6 +163,17 @@ def hydra_problem(err: BaseException) -> str:
     if not reason and cause is not None:
         reason = str(cause).splitlines()[:1]
     return " ".join(lines[:1] + reason[:1]) or type(err).__name__
+
+
+def _unknown_option(missing: str, options: list[str], asked_in: str | None) -> str:
+    """`model=tinyy`: Hydra's "Could not find 'model/tinyy'" and its options, one per line, as one
+    line with the nearest names first. `asked_in`: the config file whose defaults named it."""
+    group, _, option = missing.rpartition("/")
+    options = sorted(options)
+    near = difflib.get_close_matches(option, options, n=3, cutoff=0.6)
+    listed = f"{group} has {', '.join(options)}"
+    where = f" (in {asked_in})" if asked_in else ""
+    return f"{group}={option}{where}: no such option of {group}; " + (f"did you mean {' / '.join(near)}? ({listed})" if near else listed)
 
 
 def _other_command(args) -> bool:

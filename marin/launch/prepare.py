@@ -19,8 +19,9 @@ import submitit
 
 from marin.data import prepare as data_prepare
 from marin.data import prepare_tasks
+from marin.launch import command_line
 from marin.launch.slurm import clean_environment, secret_environment, slurm_parameters
-from marin.track.secrets import mask
+from marin.track.secrets import guard_output, mask
 
 
 def array_parameters(cfg, tasks: int) -> dict:
@@ -78,6 +79,11 @@ def _follow(jobs, poll_s: float = 2.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """launch.py's command line, refused and reported as launch.py's is (one line, exit 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    guard_output(argv)
+    command_line.refuse(["python -m marin.data.prepare", *argv], sweep_hint="prepare one config at a time")
+    command_line.report_in_one_line()
     return data_prepare.main(argv, submit=submit_array)
 
 

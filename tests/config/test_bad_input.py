@@ -21,11 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (overrides, text that must appear in the message)
 HYDRA = [  # refused while Hydra composes: launch.py turns Hydra's exit 1 into bad input's 2
-    (["model=nope"], "model/nope"),
-    (["hardware=nope"], "hardware/nope"),
-    (["experiment=nope"], "experiment/nope"),
+    (["model=nope"], "model=nope: no such option of model"),
+    (["hardware=nope"], "hardware=nope: no such option of hardware"),
+    (["experiment=nope"], "experiment=nope: no such option of experiment"),
     (["model.hiden=3"], "hiden"),
 ]
+
+def _options(group: str) -> str:
+    folder = ROOT / ("sweeps" if group == "sweep" else f"conf/{group}")
+    return ", ".join(sorted(path.stem for path in folder.glob("*.yaml")))
+
 
 # Refused by marin itself: exactly one line on stderr, `error: ...`, exit status 2 (every numeric
 # leaf is walked in-process by test_numeric_leaves.py; these prove the command-line behaviour).
@@ -168,6 +173,11 @@ BEFORE_HYDRA = [
     (["-m", "optim.lrr=1e-3,3e-3"], "error: optim.lrr: no such key; did you mean optim.lr?"),
     (["+train.stepz=3"],
      "error: invalid config: train.stepz: not a field of the schema (TrainConfig); did you mean train.steps?"),
+    # an unknown option: Hydra listed the group's options a line each, then its search path
+    (["model=tinyy"], f"error: model=tinyy: no such option of model; did you mean tiny? (model has {_options('model')})"),
+    (["router=zzz"], f"error: router=zzz: no such option of router; router has {_options('router')}"),
+    (["-m", "sweep=lr_gird"],
+     f"error: sweep=lr_gird: no such option of sweep; did you mean lr_grid? (sweep has {_options('sweep')})"),
     # a typed field's value: Hydra's merge error was five lines
     (["tracking.report=maybe"], "error: tracking.report: must be true or false; got 'maybe'"),
     (["verify=first"], "error: verify: must be true or false; got 'first' "
@@ -216,3 +226,20 @@ def test_a_long_or_unsafe_sweep_id_and_a_huge_name_are_one_short_line():
     with pytest.raises(ConfigError, match=r"run.name: must be a plain folder name.*\(5,000 characters\)") as err:
         make_config("run.name=" + "y" * 5_000)
     assert len(str(err.value)) < 400
+
+
+PREPARE = [  # python -m marin.data.prepare reads its command line as launch.py does
+    (["data=nosuch"], f"error: data=nosuch: no such option of data; data has {_options('data')}"),
+    (["modle=tiny"], "error: modle: no such key or group; did you mean model?"),
+    (["data.prepare_tasks=abc"], "error: data.prepare_tasks: must be an integer; got 'abc'"),
+    (["data.shard_tokens=1,2"], "error: data.shard_tokens=1,2 is a sweep of 2 values: prepare one config at a time"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", PREPARE, ids=[" ".join(c[0]) for c in PREPARE])
+def test_the_prepare_command_refuses_bad_input_as_launch_does(tmp_path, overrides, line):
+    proc = subprocess.run([sys.executable, "-m", "marin.data.prepare", *overrides, "dry_run=true",
+                           f"data.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
+    assert list(tmp_path.iterdir()) == [], "something was written"

@@ -188,7 +188,7 @@ def test_local_sweep_life_cycle(tmp_path, capsys):
 
 def test_sweep_typos_fail_before_any_job():
     done = _launch_py("-m", "sweep=lr_gird", "dry_run=true")
-    assert done.returncode != 0 and "Could not find 'sweep/lr_gird'" in done.stderr
+    assert done.returncode != 0 and "sweep=lr_gird: no such option of sweep; did you mean lr_grid?" in done.stderr
     done = _launch_py("-m", "sweep=lr_grid", "optim.lrr=1,2", "dry_run=true")
     assert done.returncode != 0 and "lrr" in done.stderr and "job 1/" not in done.stderr
 
