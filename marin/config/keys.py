@@ -69,6 +69,20 @@ def _child(node, key: str):
     return None  # below a leaf
 
 
+def is_mapping(key: str) -> bool:
+    """Whether `key` is a dict field of the schema (`hardware.env`): it takes keys of the user's own."""
+    *parents, last = key.split(".")
+    node: Any = Config
+    for part in parents:
+        node = _child(node, part)
+    if not dataclasses.is_dataclass(node):
+        return False
+    kind = typing.get_type_hints(node).get(last)
+    if typing.get_origin(kind) is typing.Union:  # Optional[Dict[...]]
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return typing.get_origin(kind) in (dict, typing.Dict)
+
+
 def unknown_at(key: str) -> Optional[int]:
     """The index of the first dotted part of `key` the schema does not have (None: all known)."""
     node: Any = Config
@@ -121,4 +135,6 @@ def unknown_key_message(key: str) -> str:
     if guesses:
         return f"did you mean {' / '.join(guesses)}?"
     where = ".".join(key.split(".")[:unknown_at(key) or 0]) or "the config"
+    if not siblings:  # below a leaf: hardware.xla_flags.foo
+        return f"{where} is one value, with no keys below it ({where}=<value>)"
     return f"{where} has {', '.join(siblings)}"

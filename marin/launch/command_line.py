@@ -26,8 +26,9 @@ from omegaconf.errors import OmegaConfBaseException
 from hydra.types import RunMode
 
 from marin.cli import fail
-from marin.config.keys import unknown_at, unknown_key_message
-from marin.config.store import override_key, shell_join
+from marin.config.keys import is_mapping, root_groups, unknown_at, unknown_key_message
+from marin.config.schema import GROUPS
+from marin.config.store import options, override_key, shell_join
 
 # Hydra would make these folders, but marin writes nothing there: a run's directory is
 # <run.out_dir>/<run.name>, and Hydra's sweep folder only holds its private multirun.yaml.
@@ -48,6 +49,7 @@ def refuse(argv: list[str], sweep_hint: str = "add -m"):
     args = get_args_parser().parse_args(argv[1:])
     if not (args.help or args.hydra_help or args.shell_completion or args.info):  # nothing composed
         _refuse_unknown_keys(args.overrides)
+        _refuse_null_options(args.overrides)
         for override in args.overrides:
             if override_key(override) in HYDRA_OUTPUT_DIRS:
                 fail(f"{override_key(override)}: marin writes nothing there; use run.out_dir=<folder> "
@@ -82,6 +84,16 @@ def _refuse_unknown_keys(overrides: list[str]) -> None:
             continue
         if (at := unknown_at(key)) is not None:
             fail(f"{key}: no such key{' or group' if at == 0 else ''}; {unknown_key_message(key)}")
+
+
+def _refuse_null_options(overrides: list[str]) -> None:
+    """`model=null`: Hydra raises a ValueError (a traceback) for a group given no option."""
+    for text in overrides:
+        key, _, value = text.lstrip("+").partition("=")
+        if value.strip() == "null" and key in root_groups():
+            optional = key not in GROUPS  # experiment, sweep, local: none unless chosen
+            fail(f"{key}=null: a group takes the name of one of its options ({key} has {', '.join(options(key))})"
+                 + (f"; without {key}=… none is used" if optional else ""))
 
 
 def _refuse_sweeps(overrides: list[str], hint: str) -> None:
@@ -155,6 +167,10 @@ def hydra_problem(err: BaseException) -> str:
         key, value, reason = cause.full_key, getattr(cause, "value", None), str(cause.msg).splitlines()[0]
         wanted = re.search(r"not a valid (bool)|converted to (Integer|Float)", reason)
         line = f"{key}: must be {_TYPES[wanted.group(1) or wanted.group(2)]}; got {value!r}" if wanted else f"{key}: {reason}"
+        if "is not in struct" in reason:  # a key below a dict field (hardware.env) or below a value
+            parent, _, leaf = key.rpartition(".")
+            line = (f"{key}: {parent} has no key {leaf}; add one with +{key}=<value>" if is_mapping(parent) else
+                    f"{key}: no such key; {parent} is one value, with no keys below it ({parent}=<value>)")
         if key == "verify":  # `verify=<run>`: the flag goes with reproduce=
             line += f" (a replay of run {value}: {shell_join(['python', 'launch.py', f'reproduce={value}', 'verify=true'])})"
         return line

@@ -178,6 +178,16 @@ BEFORE_HYDRA = [
     (["router=zzz"], f"error: router=zzz: no such option of router; router has {_options('router')}"),
     (["-m", "sweep=lr_gird"],
      f"error: sweep=lr_gird: no such option of sweep; did you mean lr_grid? (sweep has {_options('sweep')})"),
+    # a group given no option: Hydra raised a ValueError (a traceback)
+    (["model=null"], f"error: model=null: a group takes the name of one of its options (model has {_options('model')})"),
+    (["experiment=null"], "error: experiment=null: a group takes the name of one of its options (experiment has "
+                          f"{_options('experiment')}); without experiment=… none is used"),
+    # a key below a dict field, or below one value: Hydra said "Key 'X' is not in struct"
+    (["hardware.env.X=1"], "error: hardware.env.X: hardware.env has no key X; add one with +hardware.env.X=<value>"),
+    (["train.steps.x=1"], "error: train.steps.x: no such key; train.steps is one value, with no keys below it "
+                          "(train.steps=<value>)"),
+    (["hardware.xla_flags.a=1"], "error: hardware.xla_flags.a: no such key; hardware.xla_flags is one value, with no "
+                                 "keys below it (hardware.xla_flags=<value>)"),
     # a typed field's value: Hydra's merge error was five lines
     (["tracking.report=maybe"], "error: tracking.report: must be true or false; got 'maybe'"),
     (["verify=first"], "error: verify: must be true or false; got 'first' "
