@@ -77,16 +77,23 @@ def _parent(spec: str, new: list[str]) -> tuple[record.RunRecord, int]:
 
 def how_to_make(parent: record.RunRecord, steps: list[int], step: int) -> str:
     """The command that makes a checkpoint at exactly `step` (`train.stop_at`: the run ends there
-    with one): the parent resumed to it while its newest checkpoint is below it; else a fork of the
-    checkpoint below it run up to it (then fork from that run); else the run reproduced up to it."""
+    with one): past the parent's last step, a fork of its last checkpoint run to it (`train.steps`);
+    the parent resumed to it while its newest checkpoint is below it; else a fork of the checkpoint
+    below it run up to it (then fork from that run); else the run reproduced up to it."""
     at = f"train.stop_at={step}"
+    resolved = parent.resolved()
+    name = f"{resolved.run.name}-to{step}"
+    then = ", then " + shell_join(["python", "launch.py", override("fork", f"{name}@{step}")])
+    if steps and isinstance(resolved.train.steps, int) and step > resolved.train.steps:  # past the run's end
+        return (f"(the run ends at step {resolved.train.steps}) "
+                + shell_join(["python", "launch.py", override("fork", f"{parent.run_id}@{steps[-1]}"),
+                              f"train.steps={step}", override("run.name", name)]) + then)
     if steps and steps[-1] < step:
         return shell_join(["python", "launch.py", override("resume", parent.run_dir), at])
     below = [s for s in steps if s < step]
     if below:
-        name = f"{parent.resolved().run.name}-to{step}"
         return (shell_join(["python", "launch.py", override("fork", f"{parent.run_id}@{below[-1]}"), at,
-                            override("run.name", name)]) + ", then " + shell_join(["python", "launch.py", override("fork", f"{name}@{step}")]))
+                            override("run.name", name)]) + then)
     return shell_join(["python", "launch.py", override("reproduce", parent.run_id), at])
 
 

@@ -146,7 +146,8 @@ def test_a_fork_at_a_step_without_a_checkpoint_says_how_to_make_one_and_writes_n
             len(client.search_runs([client.get_run(parent.run_id).info.experiment_id]))) == before
 
 
-@pytest.mark.parametrize("step, make", [(7, "python launch.py resume={dir} train.stop_at=7"),   # the run is below it
+@pytest.mark.parametrize("step, make", [(7, "(the run ends at step 6) python launch.py fork={id}@6 train.steps=7 "
+                                            "run.name=default-to7, then python launch.py fork=default-to7@7"),  # past its end
                                         (2, "python launch.py reproduce={id} train.stop_at=2")])  # nothing below it
 def test_the_missing_step_line_names_the_command_that_fits(tmp_path_factory, step, make, capsys):
     from marin.launch.fork import fork
@@ -178,7 +179,20 @@ def test_the_command_that_makes_a_step_pastes_for_a_sweep_jobs_name():
     from marin.launch.fork import how_to_make
 
     parent = SimpleNamespace(run_id="abc", run_dir="/o/runs/grid-lr=0.001-x",
-                             resolved=lambda: SimpleNamespace(run=SimpleNamespace(name="grid/lr=0.001")))
+                             resolved=lambda: SimpleNamespace(run=SimpleNamespace(name="grid/lr=0.001"),
+                                                              train=SimpleNamespace(steps=6)))
     first, second = how_to_make(parent, [3, 6], 4).split(", then ")
     assert shlex.split(second) == ["python", "launch.py", "fork='grid/lr=0.001-to4@4'"]
     assert "run.name='grid/lr=0.001-to4'" in shlex.split(first)
+    # past the run's end (it finished at 6): a fork of its last checkpoint trained to 9, not a
+    # train.stop_at past train.steps (which validation refuses)
+    first, second = how_to_make(parent, [3, 6], 9).split(", then ")
+    assert first.startswith("(the run ends at step 6) ")
+    assert shlex.split(first.split(") ", 1)[1]) == ["python", "launch.py", "fork=abc@6", "train.steps=9",
+                                                   "run.name='grid/lr=0.001-to9'"]
+    assert shlex.split(second) == ["python", "launch.py", "fork='grid/lr=0.001-to9@9'"]
+    # a run stopped before its end (train.steps 10): resumed to the step
+    stopped = SimpleNamespace(**{**vars(parent), "resolved": lambda: SimpleNamespace(
+        run=SimpleNamespace(name="grid/lr=0.001"), train=SimpleNamespace(steps=10))})
+    assert shlex.split(how_to_make(stopped, [3, 6], 8)) == ["python", "launch.py", "resume='/o/runs/grid-lr=0.001-x'",
+                                                          "train.stop_at=8"]
