@@ -114,7 +114,15 @@ def _guarded(cfg: DictConfig, job_overrides: list[str]) -> None:
         raise
 
 
+# What a command line starts from, besides conf/: one at most (verify= goes with reproduce=).
+STARTS = {"resume": "continues a run", "fork": "starts a new run from a checkpoint",
+          "reproduce": "runs a saved config again"}
+
+
 def _dispatch(cfg: DictConfig, job_overrides: list[str]) -> None:
+    if len(given := [key for key in STARTS if cfg.get(key)]) > 1:  # one would be ignored, silently
+        fail(f"{' and '.join(f'{key}=' for key in given)}: give one of them ("
+             + "; ".join(f"{key}= {STARTS[key]}" for key in given) + ")")
     if cfg.get("verify"):  # replay a recorded run and compare its metrics (marin/launch/verify.py)
         verify(cfg, job_overrides)
         return

@@ -188,6 +188,9 @@ BEFORE_HYDRA = [
                           "(train.steps=<value>)"),
     (["hardware.xla_flags.a=1"], "error: hardware.xla_flags.a: no such key; hardware.xla_flags is one value, with no "
                                  "keys below it (hardware.xla_flags=<value>)"),
+    # two starting points: resume= won and reproduce= was ignored, silently
+    (["resume=a", "reproduce=b"], "error: resume= and reproduce=: give one of them (resume= continues a run; "
+                                  "reproduce= runs a saved config again)"),
     # a typed field's value: Hydra's merge error was five lines
     (["tracking.report=maybe"], "error: tracking.report: must be true or false; got 'maybe'"),
     (["verify=first"], "error: verify: must be true or false; got 'first' "
