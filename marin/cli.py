@@ -9,6 +9,7 @@ import atexit
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from marin.config.validate import ConfigError
@@ -26,6 +27,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # noqa: D102 (argparse's hook)
         fail(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def output_file(path, name: str):
+    """A tool's `--out`: None when not given (the tool's default place), `<folder>/<name>` for a
+    folder; refused (one line, exit 2) when it names something other than a file (a device, a
+    pipe), which the tool's write-then-rename would replace: `--out /dev/full` as root was."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path / name
+    if path.exists() and not path.is_file():
+        fail(f"--out: {path} is not a file (a device or a pipe); give a file's path or a folder")
+    return path
 
 
 def setup_logging() -> None:

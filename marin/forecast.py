@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from marin.cli import Parser, fail
+from marin.cli import Parser, fail, output_file
 from marin.config.paths import PROJECT_ROOT, project_path
 from marin.config.schema import Config
 from marin.config.store import compose
@@ -538,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri")
     parser.add_argument("--out-dir", help="where sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
+    args.out = output_file(args.out, f"forecast-{args.target}.png")
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         client, parent = refs.open_sweep(args.sweep, args.tracking_uri, args.out_dir)

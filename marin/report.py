@@ -11,10 +11,10 @@ import re
 import sys
 from pathlib import Path
 
-from marin.cli import Parser, fail
+from marin.cli import Parser, fail, output_file
 from marin.track import backend, record, refs, sweep
 from marin.track.errors import first_line
-from marin.track.report import write_run_report, write_sweep_report
+from marin.track.report import REPORT, write_run_report, write_sweep_report
 
 # ---------------------------------------------------------------------------- command line
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="default: the run's, $MLFLOW_TRACKING_URI or the project's")
     parser.add_argument("--out-dir", help="where run and sweep names are looked up (default: the project's outputs/)")
     args = parser.parse_args(argv)
+    args.out = output_file(args.out, REPORT)
     try:
         kind, found = _open(args.target, args.tracking_uri, args.out_dir)
         if kind == "sweep":

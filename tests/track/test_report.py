@@ -254,3 +254,25 @@ def test_mlflow_prints_no_view_run_line_of_its_own(capsys, monkeypatch):
     monkeypatch.setattr(TrackingServiceClient, "store", property(lambda self: RestStore.__new__(RestStore)))
     fake._log_url("abc")  # would ask the store for the run (and fail) if it meant to print
     assert "View run" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tool", ["report", "forecast"])
+def test_out_naming_a_device_or_pipe_is_refused_and_left_as_it_was(tool, tmp_path, capsys):
+    """`--out /dev/full` as root: the write-then-rename replaced the device with a file. A pipe
+    stands in for the device here; a folder gets the tool's file inside it."""
+    import stat
+
+    from marin import forecast
+    from marin.cli import output_file
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    main = report.main if tool == "report" else forecast.main
+    args = ["anything", "--out", str(pipe)] + (["--target", "d768"] if tool == "forecast" else [])
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == f"error: --out: {pipe} is not a file (a device or a pipe); give a file's path or a folder\n"
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert output_file(tmp_path, "report.html") == tmp_path / "report.html"
+    assert output_file(None, "report.html") is None and output_file(tmp_path / "r.html", "x") == tmp_path / "r.html"
