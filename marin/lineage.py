@@ -11,6 +11,7 @@ published lineage instead: the hero's seven production runs and their cutovers.
 """
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,15 @@ def stitch(links: list[Link], key: str = "train/loss") -> list[tuple[int, float,
     return [out[s] for s in sorted(out)]
 
 
+def unlogged(links: list[Link], key: str, shown: int = 12) -> str:
+    """Why `key` stitched to nothing: no run of the lineage logged it; the nearest keys they did."""
+    logged = sorted({row["key"] for link in links for row in read_metrics(link.run_dir) if "key" in row})
+    near = difflib.get_close_matches(key, logged, n=3, cutoff=0.5)
+    listed = ", ".join(logged[:shown]) + (f" (+{len(logged) - shown} more)" if len(logged) > shown else "")
+    return ("no run of the lineage logged it; " + (f"did you mean {' / '.join(near)}? " if near else "")
+            + f"logged: {listed or 'nothing yet'}")
+
+
 def describe(changes: dict) -> str:
     return "; ".join(f"{k}: {a} → {b}" for k, (a, b) in changes.items()) or "none"
 
@@ -172,7 +182,10 @@ def main(argv: list[str] | None = None) -> None:
         links = chain(args.run, args.tracking_uri, args.out_dir)
     except record.RecordError as err:
         fail(f"lineage: {err}")
-    points = thinned(stitch(links, args.metric), args.every) if args.metric else []
+    stitched = stitch(links, args.metric) if args.metric else []
+    if args.metric and not stitched:
+        fail(f"--metric {args.metric}: {unlogged(links, args.metric)}")
+    points = thinned(stitched, args.every)
     if args.csv:
         print("step,value,run_id")
         for step, value, run_id in points:
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     print_chain(links)
     if args.metric:
         every = f", shown every {args.every} steps and the last" if args.every > 1 else ""
-        print(f"{args.metric}, stitched: {len(stitch(links, args.metric))} steps{every}")
+        print(f"{args.metric}, stitched: {len(stitched)} steps{every}")
         for step, value, run_id in points:
             print(f"  {step:>8}  {value!r:<22}  {run_id}")
 

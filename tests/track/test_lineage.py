@@ -106,7 +106,10 @@ def test_every_nth_step_and_csv(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["step,value,run_id", *(f"{s},{10 / s!r},{run_id}" for s in (5, 10, 15, 20, 25))]
     for argv, says in ((["--every", "0", "--metric", "train/loss"], "--every: must be a whole number ≥ 1"),
-                       (["--csv"], "--csv: give the metric")):
+                       (["--csv"], "--csv: give the metric"),
+                       # a metric no run logged: "stitched: 0 steps" was all it said
+                       (["--metric", "train/los"], "--metric train/los: no run of the lineage logged it; "
+                                                   "did you mean train/loss? logged: train/loss\n")):
         with pytest.raises(SystemExit) as exit_:
             lineage.main([str(run_dir), *argv])
         assert exit_.value.code == 2 and says in capsys.readouterr().err
