@@ -29,6 +29,7 @@ from pathlib import Path
 from marin.cli import Parser, fail, setup_logging
 from marin.config.paths import PROJECT_ROOT
 from marin.config.store import override
+from marin.launch import command_line
 from marin.launch.fork import Fork, ForkError, compose
 from marin.launch.reproduce import lookup_uri, out_dir
 from marin.track import backend, record, secrets
@@ -185,8 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tracking-uri", help="where to look MLflow run ids up (default: $MLFLOW_TRACKING_URI "
                    "or the project's)")
     p.add_argument("--out-dir", help="where run names and prefixes are looked up (default: the project's outputs/)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options before, between or after the overrides
     setup_logging()
+    command_line.refuse(["python -m marin.ab", *args.overrides, *args.both],
+                        sweep_hint="an A/B compares one candidate: run one A/B for each")
     if args.steps < 1:
         fail(f"--steps: must be a whole number ≥ 1; got {args.steps}")
     if not args.overrides:
@@ -207,13 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     parent_cfg = parent.resolved()
     end = parent_cfg.schedule.horizon_steps or parent_cfg.train.steps
     past_end = step >= end  # from a finished run's last step the arms go on past it
-    extend = []
+    extend, note = [], None
     if past_end:  # both on one schedule laid out for the longer run (a paired comparison still)
         extend = [f"train.steps={last}"] + (["schedule.horizon_steps=null"] if parent_cfg.schedule.horizon_steps else [])
-        print(f"note: step {step} is run {parent.run_id}'s last: the arms run on past it, steps {first}…{last} "
-              f"(train.steps={last} for both)", file=sys.stderr)
+        note = (f"note: step {step} is run {parent.run_id}'s last: the arms run on past it, steps {first}…{last} "
+                f"(train.steps={last} for both)")
     elif last > end:  # otherwise on the parent's schedule, so no further than its last step
-        print(f"note: run {parent.run_id} ends at step {end}: the arms run steps {first}…{end}", file=sys.stderr)
+        note = f"note: run {parent.run_id} ends at step {end}: the arms run steps {first}…{end}"
         last = end
     shared = [*args.both, *extend, f"train.stop_after={last}"]
     try:  # both arms validated (and the candidate's structure checked) before anything is written
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         candidate = compose(spec, [*shared, *args.overrides])
     except ForkError as err:
         fail(str(err).replace("fork: ", "ab: ", 1))
+    if note:  # once the step is known to have a checkpoint
+        print(note, file=sys.stderr)
     leaves = candidate_leaves(control, candidate)
     if not leaves:
         fail(f"ab: the candidate's overrides ({' '.join(args.overrides)}) change nothing in run "

@@ -21,6 +21,7 @@ import logging
 import os
 from pathlib import Path
 
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
@@ -28,6 +29,7 @@ from marin.config.schema import Config, RunConfig
 from marin.config.store import compose, override, override_key, override_value
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
+from marin.launch.command_line import hydra_problem
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
 from marin.track.record import flatten
@@ -167,6 +169,13 @@ def _found_here(override: str, folders: list[Path]) -> bool:
     return any((folder / key / f"{value}.yaml").is_file() for folder in folders)
 
 
+def _problem(err: Exception) -> str:
+    """A compose error as one line: Hydra's as launch.py words them (`model=tinyy: no such option…`)."""
+    if isinstance(err, (ConfigCompositionException, OverrideParseException)):
+        return hydra_problem(err)
+    return first_line(err)
+
+
 def _compose(overrides: list[str]) -> dict:
     return OmegaConf.to_container(compose(overrides), resolve=True)
 
@@ -281,11 +290,11 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing",
     try:
         base = flatten(_compose(search + kept))
     except Exception as err:
-        raise ReproduceError(f"the saved overrides no longer compose with conf/: {first_line(err)}") from None
+        raise ReproduceError(f"the saved overrides no longer compose with conf/: {_problem(err)}") from None
     try:
         wanted = flatten(_compose(search + kept + new)) if new else base  # a compose is ~0.1 s of Hydra
     except Exception as err:
-        raise ReproduceError(f"overrides do not apply to the saved config: {first_line(err)}") from None
+        raise ReproduceError(f"overrides do not apply to the saved config: {_problem(err)}") from None
 
     merged = flatten(saved)
     # run.name is not conf/'s to drift: a sweep job's is made when its record is (sweep.job_name)

@@ -55,7 +55,13 @@ def test_bad_candidate_is_refused_before_anything_is_written(tmp_path_factory, c
     before = sorted(p.name for p in out_dir.iterdir())
     for argv, says in [([f"{parent.run_dir}@3", "model.num_experts=8", "--steps", "2"], "ab: model.num_experts 4 → 8 changes the train state"),
                        ([f"{parent.run_dir}@3", "optim.lr=0.003", "--steps", "2"], "change nothing"),
-                       ([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "0"], "--steps: must be a whole number ≥ 1")]:
+                       ([f"{parent.run_dir}@3", "optim.lr=0.005", "--steps", "0"], "--steps: must be a whole number ≥ 1"),
+                       # options between the overrides (argparse took the override after them as unknown)
+                       ([f"{parent.run_dir}@3", "--steps", "0", "optim.lr=0.005"], "--steps: must be a whole number ≥ 1"),
+                       # launch.py's answers: a typo's nearest name, Hydra's errors in one line, no sweep
+                       ([f"{parent.run_dir}@3", "optim.lrr=0.005"], "error: optim.lrr: no such key; did you mean optim.lr?"),
+                       ([f"{parent.run_dir}@3", "model=tinyy"], "model=tinyy: no such option of model; did you mean tiny?"),
+                       ([f"{parent.run_dir}@3", "optim.lr=1e-3,2e-3"], "is a sweep of 2 values: an A/B compares one")]:
         with pytest.raises(SystemExit) as exit_:
             ab.main(argv)
         assert exit_.value.code == 2 and says in capfd.readouterr().err
