@@ -98,6 +98,11 @@ def find_run(ref: str, out_dir: str | Path | None = None) -> Path | str:
     ids = {str(by_id.get(p, "")) for p in matches}
     if len(matches) > 1 and len(ids) == 1 and FULL_ID.fullmatch(run_id := ids.pop()):
         return run_id  # copies of one run's directory: the store knows which one is the run's
+    if len(matches) > 1 and names_sweep(ref, out_dir):  # `lr_grid`: one of its jobs, as marin.status names them
+        every = jobs(Path(find_sweep(ref, out_dir)))
+        shown = ", ".join(f"{ref}/{j['name']}" for j in every[:SHOWN]) + (f" (+{len(every) - SHOWN} more)"
+                                                                         if len(every) > SHOWN else "")
+        raise RefError(f"{ref}: a sweep of {len(every)} jobs, not one run: name a job, {shown or '<sweep>/<job>'}")
     found = _one(ref, matches, "runs", lambda p: p.name)
     if found is None:
         raise RefError(f"{ref}: no run directory, directory name, run id or unique prefix of one under {runs} "

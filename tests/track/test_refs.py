@@ -82,3 +82,20 @@ def test_a_runs_own_name_still_names_it_beside_its_replays_and_forks(tmp_path):
     _run(tmp_path, "probe-0b0b0b0b-20261201-130000-fedcba", "d" * 32)
     with pytest.raises(refs.RefError, match="probe: names 2 runs"):  # two runs of that name: which one?
         refs.find_run("probe", tmp_path)
+
+
+def test_a_sweeps_name_where_a_run_is_wanted_lists_its_jobs_as_status_names_them(tmp_path):
+    """`marin.diff grid …`: the sweep's job directories all begin with its name; the error named
+    four directories and said "give more of it", where the spelling that works is grid/<job>."""
+    folder = tmp_path / "sweeps" / "grid-5e5e5e5e"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"parent_run_id": PARENT, "tracking_uri": "sqlite:///x"}))
+    jobs = []
+    for i, lr in enumerate(("0.001", "0.003")):
+        run_dir = _run(tmp_path, f"grid-lr={lr}-0a0a0a0a-20261201-10000{i}-abcde{i}", f"{i}" * 32)
+        jobs.append({"run_id": f"{i}" * 32, "run_dir": str(run_dir), "overrides": [f"optim.lr={lr}"]})
+    (folder / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    with pytest.raises(refs.RefError) as err:
+        refs.find_run("grid", tmp_path)
+    assert str(err.value) == "grid: a sweep of 2 jobs, not one run: name a job, grid/lr=0.001, grid/lr=0.003"
+    assert refs.find_run("grid/lr=0.003", tmp_path).name.startswith("grid-lr=0.003-")
