@@ -352,6 +352,8 @@ def render(args) -> str:
     out = io.StringIO()
     if args.target is None:
         show_recent(args, out, args.last)
+    elif not args.target.strip():  # Path("") would be the working directory
+        raise record.RecordError("the run or sweep is empty: give its name, directory or id (none: every run)")
     elif refs.names_sweep(args.target, args.out_dir):
         show_sweep(args.target, args, out)
     else:

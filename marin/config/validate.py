@@ -30,10 +30,11 @@ class ConfigError(ValueError):
 
 
 def _empty_refs(cfg: Config) -> list[tuple[str, str]]:
-    """`resume=` / `reproduce=` with nothing after the `=` would silently start a fresh run."""
-    return [(name, "give a run directory or an MLflow run id (got an empty value)")
-            for name in ("resume", "reproduce")
-            if getattr(cfg, name) is not None and not str(getattr(cfg, name)).strip()]
+    """`resume=`, `reproduce=`, `fork=`, `train.init_from=` with nothing after the `=` would
+    silently start a fresh run of the defaults."""
+    given = {"resume": cfg.resume, "reproduce": cfg.reproduce, "fork": cfg.fork, "train.init_from": cfg.train.init_from}
+    return [(name, "give a run directory or an MLflow run id" + ("@<step>" if name == "fork" else "")
+             + " (got an empty value)") for name, value in given.items() if value is not None and not str(value).strip()]
 
 
 def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str]]:

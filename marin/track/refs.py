@@ -77,9 +77,11 @@ def run_dirs(out_dir: str | Path | None = None) -> list[Path]:
 def find_run(ref: str, out_dir: str | Path | None = None) -> Path | str:
     """The run directory `ref` names, or the full MLflow run id to look up in the store."""
     ref = str(ref)
+    if not ref.strip():  # Path("") is the working directory
+        raise RefError("the run is empty: give its directory, its name or its MLflow run id")
     runs = out_root(out_dir) / "runs"
     for candidate in (Path(ref).expanduser(), runs / ref):
-        if ref and candidate.is_dir():
+        if candidate.is_dir():
             return candidate.resolve()
     if "/" in ref:
         folder, _, job = ref.rpartition("/")

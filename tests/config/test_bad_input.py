@@ -40,6 +40,9 @@ ONE_LINE = [
     (["model.num_experts=1000000000", "router=softmax_aux", "dry_run=true"], "model.num_experts"),
     (["+train.stepz=5"], "train.stepz: not a field of the schema (TrainConfig); did you mean train.steps?"),
     (["resume="], "resume"),
+    # an empty fork= or init_from= ran a fresh run of the defaults (200 steps), silently
+    (["fork="], "fork: give a run directory or an MLflow run id@<step> (got an empty value)"),
+    (["train.init_from=''"], "train.init_from: give a run directory or an MLflow run id (got an empty value)"),
     (["train.init_from=/nonexistent/run"], "train.init_from"),
     # a dry run checks the data as a launch does (the files when data.root is here; the tokenizer)
     (["data.sources.0.kind=text", "data.sources.0.paths=[nope/*.txt]", "dry_run=true"], "data.sources[0].paths"),

@@ -43,6 +43,9 @@ def test_a_unique_prefix_of_a_run_id_or_directory_name(out):
     with pytest.raises(record.RecordError, match="no run directory, directory name, run id or unique prefix"):
         record.open("zzz", out_dir=out)
     assert refs.find_run(RUN_A.replace("a1", "b1"), out) == RUN_A.replace("a1", "b1")  # a full id: the store's
+    # an empty name was the working directory (Path("")): `marin.diff "" run` read it as a run
+    with pytest.raises(refs.RefError, match="^the run is empty: give its directory, its name or its MLflow run id$"):
+        refs.find_run("", out)
 
 
 def test_a_sweeps_job_by_its_override_name(out):

@@ -88,6 +88,9 @@ def test_status_errors(store, tmp_path, capsys):
         status.main(["no_such_sweep", "--out-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no_such_sweep: no sweep or run of that name" in err
+    with pytest.raises(SystemExit, match="^2$"):  # was ": neither a run directory …" (the working directory)
+        status.main([""])
+    assert capsys.readouterr().err == "error: the run or sweep is empty: give its name, directory or id (none: every run)\n"
     with pytest.raises(SystemExit) as exit_:
         status.main(["--watch", "0"])
     err = capsys.readouterr().err
