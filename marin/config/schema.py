@@ -353,7 +353,8 @@ class TrainConfig:
         None, "end this run at exactly this step with a checkpoint there, for a fork=<run>@<step> (a lineage's "
         "cutover); unlike stop_after, resume= and requeues keep it (train.stop_at=null goes on)", range=count(1))
     tokens_per_active_param: float = setting(791.0, "token budget rule for steps=auto", range=POSITIVE)
-    seq_len: int = setting(128, "tokens per sequence", range=count(1))
+    seq_len: int = setting(128, "tokens per sequence (at least 2: a row of T tokens has T−1 next-token targets)",
+                           range=count(2))
     global_batch: int = setting(16, "sequences per step, all processes together", range=count(1))
     micro_batch: Any = setting(AUTO, "sequences per device per forward; auto = global/devices", range=count(1))
     seed: int = setting(0, "seeds the init and the data order", range=count(0))
@@ -364,7 +365,7 @@ class TrainConfig:
     eval_batch_size: Any = setting(AUTO, "sequences per evaluation batch, all processes together; auto = 64 per "
                                    "rack (hardware.racks): the hero's 704, one per device", range=count(1))
     eval_seq_len: Any = setting(AUTO, "tokens per eval sequence; auto = train.seq_len (a context-extension stage keeps "
-                           "pretraining's 4,096, so its scores compare with the run before)", range=count(1))
+                           "pretraining's 4,096, so its scores compare with the run before)", range=count(2))
     log_every: int = setting(1, "steps between logged metric rows (the loss is checked every step)", range=count(1))
     init_from: Optional[str] = setting(None, "start from another run's checkpoint (<run>[@<step>])")
     init_from_mode: str = setting(

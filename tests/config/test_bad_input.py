@@ -52,6 +52,8 @@ ONE_LINE = [
     (["run.name=."], "run.name: must be a plain folder name"),
     (["run.name=../../escaped"], "run.name: must be a plain folder name"),
     (["train.steps=abc"], "train.steps"),
+    # one token a row has no next-token target: it trained with a loss of exactly 0
+    (["train.seq_len=1"], "train.seq_len: must be an integer in [2, 2147483647]; got 1"),
     (["attention.num_heads=7"], "attention.num_heads"),
     (["attention.impl=flash"], "attention.impl"),
     (["attention.impl=cudnn"], "attention.impl: cudnn needs hardware.platform=gpu"),
