@@ -385,7 +385,7 @@ def resolve(cfg: Config, memory: MemoryEstimate | None = None) -> Config:
         a.kv_heads_global = max(1, a.num_heads // 8)
     for name in ("expert_width", "latent_dim", "shared_width"):
         if is_auto(getattr(m, name)):
-            setattr(m, name, d // 2)
+            setattr(m, name, max(1, d // 2))  # d_model 1: width 1, not an invalid 0
     if is_auto(m.init_std):
         m.init_std = 0.5 / math.sqrt(d)
     if is_auto(a.qk_mult):
