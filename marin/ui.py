@@ -36,6 +36,17 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def bind_error(host: str, port: int) -> str | None:
+    """Why `port` cannot be listened on (in use, not allowed), or None: MLflow's server would
+    otherwise start, fail to bind and shut down with a line that does not say so."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
+
+
 def answers(url: str, timeout: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (our own server's URL)
@@ -114,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"{safe_uri(uri)}: marin.ui serves a sqlite store or links a tracking server's UI")
     if not backend.sqlite_path(uri).is_file():
         fail(f"{safe_uri(uri)}: no MLflow store there yet (a run makes it)")
+    if args.port is not None and (taken := bind_error(args.host, args.port)):
+        fail(f"--port {args.port}: cannot listen on {args.host}:{args.port} ({taken}); leave --port out for a free one")
     port = args.port or free_port(args.host)
     base = f"http://{args.host}:{port}"
     log = backend.sqlite_path(uri).parent / "ui.log"

@@ -38,3 +38,19 @@ def test_bad_input_is_one_line(tmp_path, capsys):
             ui.main(argv)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_a_port_in_use_is_one_line_before_mlflow_starts(tmp_path, capsys):
+    """MLflow's server failed to bind, shut down and was reported as "did not start (exit status 0)"."""
+    import socket
+
+    (tmp_path / "mlflow.db").touch()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            ui.main(["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --port {port}: cannot listen on 127.0.0.1:{port} (") and "leave --port out" in err
