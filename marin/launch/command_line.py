@@ -17,13 +17,14 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser  # Hydra's own parser: the argv forms it accepts
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
 from hydra.types import RunMode
+from omegaconf.errors import OmegaConfBaseException
 
 from marin.cli import fail
 from marin.config.keys import is_mapping, root_groups, unknown_at, unknown_key_message
@@ -47,6 +48,8 @@ def refuse(argv: list[str], sweep_hint: str = "add -m"):
     status 2 what Hydra would answer badly: unknown keys, its output folders, a sweep without -m
     (`sweep_hint`: what to do instead). Also the command line of `python -m marin.data.prepare`."""
     args = get_args_parser().parse_args(argv[1:])
+    if args.config_dir is not None and not os.path.isdir(args.config_dir):  # Hydra: two lines and a hint
+        fail(f"--config-dir: {args.config_dir} is not a folder (one of your own config groups: <dir>/model/mine.yaml …)")
     if not (args.help or args.hydra_help or args.shell_completion or args.info):  # nothing composed
         _refuse_unknown_keys(args.overrides)
         _refuse_null_options(args.overrides)
@@ -139,7 +142,7 @@ def report_in_one_line() -> None:
         def run():
             try:
                 return func()
-            except (ConfigCompositionException, OverrideParseException) as err:
+            except (ConfigCompositionException, OverrideParseException, yaml.YAMLError) as err:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 fail(hydra_problem(err))
@@ -155,6 +158,10 @@ _TYPES = {"bool": "true or false", "Integer": "an integer", "Float": "a number"}
 
 def hydra_problem(err: BaseException) -> str:
     """A composition error of Hydra's as one line naming the field (or override) and what it allows."""
+    if isinstance(err, yaml.YAMLError):  # a config file of one's own that is not YAML: a traceback before
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        return f"{where}not valid YAML ({getattr(err, 'problem', None) or str(err).splitlines()[0]})"
     if isinstance(err, OverrideParseException):
         return (f"{err.override}: {str(err.message).splitlines()[0]} (Hydra's override grammar: quote a value "
                 "that holds '=' or a space, key='a=b')")

@@ -261,3 +261,19 @@ def test_the_prepare_command_refuses_bad_input_as_launch_does(tmp_path, override
                           timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)})
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")
     assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_a_config_folder_of_ones_own_that_is_missing_or_not_yaml_is_one_line(tmp_path):
+    """A YAML slip in one's own option file was a 40-line traceback; a --config-dir that is not
+    there, two lines and a hint about HYDRA_FULL_ERROR."""
+    broken = tmp_path / "conf" / "model" / "broken.yaml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("d_model: 64\n  bad: [\n")
+    proc = _launch(tmp_path, "--config-dir", str(tmp_path / "conf"), "model=broken", "dry_run=true")
+    assert (proc.returncode, proc.stderr, proc.stdout) == (
+        2, f"error: {broken}, line 2, column 6: not valid YAML (mapping values are not allowed here)\n", "")
+    proc = _launch(tmp_path, "--config-dir", str(tmp_path / "none"), "dry_run=true")
+    assert (proc.returncode, proc.stderr, proc.stdout) == (
+        2, f"error: --config-dir: {tmp_path / 'none'} is not a folder (one of your own config groups: "
+           "<dir>/model/mine.yaml …)\n", "")
+    assert [p.name for p in tmp_path.iterdir()] == ["conf"], "something was written"
