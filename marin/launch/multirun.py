@@ -56,8 +56,13 @@ def labels(job_overrides: Sequence[Sequence[str]]) -> list[str]:
 def check_jobs(jobs: list[Job]) -> list[str]:
     """Validate every composed job (schema and cross-field checks, a Slurm job's GPU install);
     fills `composed`/`resolved`, returns one line per problem: `job 2/4 (optim.lr=-1): field: why`."""
-    lines = []
+    lines, first_of = [], {}
     for n, job in enumerate(jobs, start=1):
+        same = first_of.setdefault(frozenset(job.overrides), n)
+        if same != n:  # `optim.lr=1e-3,1e-3`: the same run twice, under one name
+            shown = job.label if job.label != "(no overrides)" else " ".join(filter_overrides(job.overrides))
+            lines.append(f"job {n}/{len(jobs)} ({shown}): the same overrides as job {same}: a value is listed twice")
+            continue
         where = f"job {n}/{len(jobs)} ({job.label})"
         if job.problems:
             lines += [f"{where}: {p}" for p in job.problems]

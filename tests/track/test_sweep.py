@@ -191,6 +191,10 @@ def test_sweep_typos_fail_before_any_job():
     assert done.returncode != 0 and "sweep=lr_gird: no such option of sweep; did you mean lr_grid?" in done.stderr
     done = _launch_py("-m", "sweep=lr_grid", "optim.lrr=1,2", "dry_run=true")
     assert done.returncode != 0 and "lrr" in done.stderr and "job 1/" not in done.stderr
+    # a value listed twice ran the same run twice, both jobs under one name
+    done = _launch_py("-m", "optim.lr=0.001,0.002,0.001", "dry_run=true")
+    assert (done.returncode, done.stderr) == (
+        2, "error: job 3/3 (optim.lr=0.001): the same overrides as job 1: a value is listed twice\n")
 
 
 def test_every_job_of_every_sweep_validates():
