@@ -123,7 +123,7 @@ def test_prepare_is_composed_as_launch_py(tmp_path, capsys):
     assert prepare.main(["--config-dir", str(tmp_path / "conf"), "data=mine", "model=tiny"]) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["a", "4"]
     assert prepare.main(["model=tiny", "train.seq_len=0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: train.seq_len: must be an integer in [1, 2147483647]; got 0"
+    assert capsys.readouterr().err.strip() == "error: train.seq_len: must be an integer in [2, 2147483647]; got 0"
     done = subprocess.run([sys.executable, "-m", "marin.data.prepare", "--help"], cwd=PROJECT_ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0 and "tokenize the mixture" in done.stdout and "router: bias_update" in done.stdout

@@ -125,7 +125,7 @@ def test_check_jobs_names_each_bad_job():
     assert [j.slurm for j in jobs] == [True, True, True]
     lines = check_jobs(jobs)
     assert lines == ["job 2/3 (optim.lr=-2): optim.lr: must be 'auto' or a finite number > 0; got -2",
-                     "job 3/3 (train.seq_len=0): train.seq_len: must be an integer in [1, 2147483647]; got 0"]
+                     "job 3/3 (train.seq_len=0): train.seq_len: must be an integer in [2, 2147483647]; got 0"]
     assert jobs[0].resolved.optim.lr == 1e-3 and jobs[1].resolved is None
 
 
