@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         table = rows(args.mixture, args.available_from, tuple(args.phase_names.split(",")))
         text = to_csv(table, args.mixture, args.available_from)
     except MixtureFormatError as err:
-        print(f"import_mixture: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)  # as every tool words a refusal
         return 2
     if args.output is None:
         sys.stdout.write(text)
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         try:
             args.output.write_text(text, encoding="utf-8")
         except OSError as err:
-            print(f"import_mixture: -o: cannot write {args.output}: {err}", file=sys.stderr)
+            print(f"error: -o: cannot write {args.output}: {err}", file=sys.stderr)
             return 2
         print(f"{args.output}: {len(table)} cells", file=sys.stderr)
     return 0

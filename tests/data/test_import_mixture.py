@@ -62,7 +62,7 @@ def test_cli_refuses_a_mixture_without_available_tokens(tmp_path):
                             capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert result.returncode == 2 and result.stdout == ""
     line, = result.stderr.strip().splitlines()
-    assert "has no 'available_tokens': give --available-from the launch mixture" in line
+    assert line.startswith("error: ") and "has no 'available_tokens': give --available-from the launch mixture" in line
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -87,4 +87,4 @@ def test_bad_published_files_are_one_line(tmp_path, capsys, text, expected):
     path.write_text(text)
     assert import_mixture.main([str(path)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and expected in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and expected in err
