@@ -31,5 +31,8 @@ CHECKS = (
 )
 
 
-def load(cfg: DictConfig | Config) -> tuple[Config, Config]:
-    return validate.load(cfg, CHECKS, memory=offload_estimate)  # the plan resolves offload `auto`
+def load(cfg: DictConfig | Config, resuming: bool = False) -> tuple[Config, Config]:
+    """`resuming`: a resume restores the run's own checkpoints; its `train.init_from` served its
+    start and is not read again (its source may be gone or damaged since)."""
+    checks = tuple(c for c in CHECKS if not (resuming and c is check_init_from))
+    return validate.load(cfg, checks, memory=offload_estimate)  # the plan resolves offload `auto`

@@ -28,7 +28,6 @@ from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompos
 from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, _last_per_key, changes_between
 from marin.launch.slurm import submit
 from marin.track import record
-from marin.train import manifest
 from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure, checkpoint_dir, listed_steps
 from marin.train.init_from import InitFromError, split
 
@@ -97,26 +96,6 @@ def how_to_make(parent: record.RunRecord, steps: list[int], step: int) -> str:
     return shell_join(["python", "launch.py", override("reproduce", parent.run_id), at])
 
 
-def _check_sound(parent: record.RunRecord, step: int) -> None:
-    """Refuse a fork from a checkpoint whose bytes do not match its manifests, before anything is
-    written. Its restore would fall back to an older step while the fork's config, tags and log
-    still said `step`; a fork is that exact step or nothing. The others are verified only on this
-    failure path, to name the sound ones."""
-    def problem(s: int) -> str | None:
-        step_dir = checkpoint_dir(parent.run_dir) / str(s)
-        if gone := manifest.missing(step_dir):
-            return f"cannot be verified (it lacks {', '.join(gone)})"
-        return f"is damaged ({damaged})" if (damaged := manifest.damage(step_dir)) else None
-
-    wrong = problem(step)
-    if wrong is None:
-        return
-    others = [s for s in listed_steps(checkpoint_dir(parent.run_dir)) if s != step][-8:]
-    sound = [s for s in others if problem(s) is None]
-    raise ForkError(f"fork: checkpoint {step} of run {parent.run_id} {wrong}; a fork restores exactly the step it "
-                    f"names, so nothing was written: fork from a sound one (sound: {', '.join(map(str, sound)) or 'none'})")
-
-
 def compose(spec: str, command_overrides: list[str]) -> Fork:
     """The new run's config: the parent's, recomposed with `command_overrides` (a `fork=` entry
     among them is ignored), starting from the parent's checkpoint `step`. Raises ForkError."""
@@ -155,9 +134,7 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
                if k not in IGNORED and not k.startswith(("run.", "train.init_from"))}
     if resolved.hardware.launcher != "slurm":  # trained here: JAX starts (for the check) as the run needs it
         apply_environment(resolved.hardware)
-    _check_structure(parent, step, resolved, changes, given)
-    if resolved.hardware.launcher != "slurm":  # a job verifies on every process at its restore (init_from.restore)
-        _check_sound(parent, step)
+    _check_structure(parent, step, resolved, changes, given)  # its checkpoint's bytes: init_from.problems
     return Fork(composed, resolved, overrides, parent, step, changes)
 
 

@@ -333,7 +333,7 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing",
         typed = OmegaConf.merge(OmegaConf.structured(Config), _unflatten(merged))
     except Exception as err:
         raise ReproduceError(f"the recomposed config does not fit the schema: {first_line(err)}") from None
-    composed, resolved = load(typed)
+    composed, resolved = load(typed, resuming=verb == "resuming")
     if verb == "reproducing":
         log.info("reproducing run %s (%s)%s", source.run_id, source.run_dir,
                  f" with {len(given)} new override(s): {' '.join(given)}" if given else ", as it was")

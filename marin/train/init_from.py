@@ -23,6 +23,7 @@ from pathlib import Path
 
 from marin.config.paths import project_path
 from marin.track import backend, record
+from marin.train import manifest
 from marin.train.checkpoint import StructureMismatch, check_structure, listed_steps, restore_from
 
 SEP = "@"
@@ -130,12 +131,36 @@ def problems(cfg) -> list[tuple[str, str]]:
         start = locate(t.init_from, tracking_uri=backend.tracking_uri(cfg), out_dir=backend.out_dir(cfg))
     except InitFromError as err:
         return [("train.init_from", str(err))]
+    # A step named exactly is restored exactly or not at all: a damaged one fell back to the step
+    # before it while the log and record said the one named. Checked here for a run trained on this
+    # machine; a Slurm job's processes verify their shares at the restore (`restore`).
+    if start.asked == start.step and cfg.hardware.launcher != "slurm" and (wrong := unsound(start)):
+        return [("train.init_from", wrong)]
     if t.init_from_mode == "continue" and (ends := _last_step(cfg))[1] <= start.step:
         field, last = ends
         return [(field, f"must be above step {start.step}, where train.init_from_mode=continue restores "
                  f"{start.run_dir} (the step counter goes on from there: the run would train nothing); got {last}. "
                  f"To train that many new steps from its weights: train.init_from_mode=weights")]
     return []
+
+
+def unsound(start: Start) -> str | None:
+    """Why checkpoint `start.step` cannot be restored as it is (its bytes differ from its manifests,
+    or a manifest is missing), naming the sound checkpoints near it; None when it verifies. The
+    others are hashed only on this failure path."""
+    def problem(step: int) -> str | None:
+        step_dir = start.checkpoints / str(step)
+        if gone := manifest.missing(step_dir):
+            return f"cannot be verified (it lacks {', '.join(gone)})"
+        return f"is damaged ({damaged})" if (damaged := manifest.damage(step_dir)) else None
+
+    wrong = problem(start.step)
+    if wrong is None:
+        return None
+    others = [s for s in listed_steps(start.checkpoints) if s != start.step][-8:]
+    sound = [s for s in others if problem(s) is None]
+    return (f"checkpoint {start.step} of {start.run_dir} {wrong}; a start from a named step restores exactly that "
+            f"step, so nothing was written: name a sound one (sound: {', '.join(map(str, sound)) or 'none'})")
 
 
 def _last_step(cfg) -> tuple[str, int]:
@@ -170,10 +195,10 @@ def restore(cfg, state, start: Start):
     step 0 and optimizer state (the checkpoint's are dropped) and no data position."""
     restored, meta = restore_from(start.checkpoints, state, at_most=start.step)
     step = int(restored.step)
-    if cfg.fork and step != start.step:  # checkpoint start.step is damaged (its warning said so): the fork names it
-        raise InitFromError(f"fork: checkpoint {start.step} of {start.run_dir} could not be restored (see the "
-                            f"warning above); a fork restores exactly the step it names, not step {step}: "
-                            f"fork from a sound one")
+    if start.asked == start.step and step != start.step:  # damaged (its warning said so): the step named, or none
+        raise InitFromError(f"{'fork' if cfg.fork else 'train.init_from'}: checkpoint {start.step} of {start.run_dir} "
+                            f"could not be restored (see the warning above); a start from a named step restores "
+                            f"exactly that step, not step {step}: name a sound one")
     if cfg.train.init_from_mode == "weights":
         restored, meta = state.replace(params=restored.params, router_state=restored.router_state), None
     info = {"run_dir": str(start.run_dir), "step": step, "asked": start.asked, "mode": cfg.train.init_from_mode}

@@ -279,3 +279,27 @@ def test_a_fork_from_a_damaged_checkpoint_is_refused_naming_the_sound_ones(stopp
     assert err.startswith("error: fork: ") and f"checkpoint {b} " in err and "damaged" in err and f"(sound: {a})" in err, err
     assert (sorted(p.name for p in runs.iterdir()),
             {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file()}) == before   # nothing written
+
+
+def test_an_init_from_a_damaged_named_step_is_refused_and_a_resume_does_not_read_its_source(stopped_run, tmp_path):
+    """train.init_from=<run>@B with checkpoint B damaged restored A and logged "step B (asked B)":
+    now one problem naming the sound ones, before anything is written. A resume of a run that
+    started that way restores its own checkpoints: its source is not read again."""
+    from marin.config.validate import ConfigError
+    from marin.launch.checks import load
+    from tests.helpers import compose_dict
+
+    a, b = sorted(int(p.name) for p in (stopped_run.run_dir / "checkpoints").iterdir() if p.name.isdigit())[:2]
+    copy = _copy_into_new_run(stopped_run, tmp_path, up_to=b)
+    victim = next(f for f in (copy.run_dir / "checkpoints" / str(b) / "meta").rglob("*")
+                  if f.is_file() and f.name != "commit_success.txt")
+    victim.write_bytes(victim.read_bytes().replace(str(b).encode(), str(b + 1).encode()))
+    cfg = compose_dict(*TINY, f"train.init_from={copy.run_dir}@{b}", "train.init_from_mode=weights",
+                       f"run.out_dir={tmp_path / 'out'}")
+    with pytest.raises(ConfigError) as err:
+        load(cfg)
+    (field, message), = err.value.problems
+    assert field == "train.init_from" and message.startswith(f"checkpoint {b} of {copy.run_dir} is damaged (")
+    assert message.endswith(f"name a sound one (sound: {a})")
+    assert load(cfg, resuming=True)[1].train.init_from == f"{copy.run_dir}@{b}"
+    assert not (tmp_path / "out").exists()
