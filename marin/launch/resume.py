@@ -185,21 +185,29 @@ def _resume(source, new: list[str], dry_run, wait: bool) -> None:
 
 
 def _done(source, resolved, newest: int) -> str | None:
-    """One line if the run ended well with its newest checkpoint at its last step (or at this
-    command's train.stop_after): a resume would re-run only the final eval and rewrite the report.
-    A run that failed after its last checkpoint (in the final eval) is resumed: that eval runs."""
+    """One line if the run's newest checkpoint is past the step this resume would stop at (its last
+    step, train.stop_after, train.stop_at): it would train nothing and log its final eval under that
+    earlier step. At that step exactly, only a run that ended well is done: one that failed after
+    its last checkpoint (in the final eval) is resumed, and that eval runs."""
     total = resolved.schedule.horizon_steps or resolved.train.steps
     stop = resolved.train.stop_after
-    if source.info().get("status") != "FINISHED":
-        return None
-    if newest >= total:
+    finished = source.info().get("status") == "FINISHED"
+
+    def past(end) -> bool:
+        return end is not None and (newest > end or (finished and newest >= end))
+
+    if past(total) and finished:
         return (f"run {source.run_id} is finished (step {newest} of {total}): nothing to resume; its report: "
                 f"{source.run_dir / 'report.html'}. To train on from its weights, start a new run with "
                 f"{shell_join([override('train.init_from', source.run_dir)])}")
-    if stop is not None and newest >= stop:
+    if past(total):  # train.steps (or the horizon) lowered below where the run is
+        return (f"run {source.run_id} is already at step {newest}, past its last step {total}: nothing to run; give "
+                f"train.steps above {newest}, or start a new run from its weights with "
+                f"{shell_join([override('train.init_from', source.run_dir)])}")
+    if past(stop):
         return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_after={stop}): nothing to "
                 f"run; give a later train.stop_after, or none to train to step {total}")
-    if (at := resolved.train.stop_at) is not None and newest >= at:
+    if past(at := resolved.train.stop_at):
         return (f"run {source.run_id} is already at step {newest} of {total} (train.stop_at={at}, kept by resume=): "
                 f"nothing to run; give a later train.stop_at, or train.stop_at=null to train to step {total}")
     return None

@@ -303,3 +303,23 @@ def test_an_init_from_a_damaged_named_step_is_refused_and_a_resume_does_not_read
     assert message.endswith(f"name a sound one (sound: {a})")
     assert load(cfg, resuming=True)[1].train.init_from == f"{copy.run_dir}@{b}"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override", ["train.stop_after", "train.steps"])
+def test_a_resume_that_would_stop_before_the_newest_checkpoint_trains_nothing(stopped_run, tmp_path, capsys, override):
+    """A run killed at step B, resumed with train.stop_after=A < B: it trained nothing and logged its
+    final eval as step A's (a second value at A in MLflow), then ended FINISHED. Only a run that had
+    ended well was checked. Now one line, nothing written, for any run."""
+    from marin.launch.resume import resume
+
+    a, b = sorted(int(p.name) for p in (stopped_run.run_dir / "checkpoints").iterdir() if p.name.isdigit())[:2]
+    copy = _copy_into_new_run(stopped_run, tmp_path, up_to=b)   # a run whose trainer died: not FINISHED
+    files = lambda: {p: p.read_bytes() for p in copy.run_dir.rglob("*") if p.is_file() and p.name != "train.lock"}
+    before = files()   # train.lock: the lock a resume takes first, against a second one at once
+    capsys.readouterr()
+    resume([f"resume={copy.run_dir}", f"{override}={a}"])
+    out = capsys.readouterr().out
+    said = (f"(train.stop_after={a}): nothing to run" if override == "train.stop_after"
+            else f"past its last step {a}: nothing to run; give train.steps above {b}")
+    assert out.startswith(f"run {copy.run_id} is already at step {b}") and said in out, out
+    assert files() == before
