@@ -81,7 +81,7 @@ def ask_checkpoint(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.ctl", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.ctl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     ask = commands.add_parser("checkpoint", help="a checkpoint at the next step boundary, verified and logged; "
                               "the run continues")

@@ -91,7 +91,7 @@ def _short(value, width: int = 40) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.diff", description=__doc__.split("\n")[0],
+    parser = Parser(prog="python -m marin.diff", description=__doc__.split("\n\n")[0],
                     epilog="exit status: 0 the configs are the same, 1 they differ, 2 a run could not be opened")
     parser.add_argument("run_a")
     parser.add_argument("run_b")

@@ -518,7 +518,7 @@ def commit_note(path: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.forecast", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.forecast", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", help="the ladder sweep: its name, directory or parent MLflow run id")
     parser.add_argument("--target", required=True, help="experiment whose loss to predict (conf/experiment/<name>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

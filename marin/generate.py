@@ -234,7 +234,7 @@ class Stream:
 # ---------------------------------------------------------------------------- command line
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.generate", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="the run: its directory, its name under outputs/runs/ or its MLflow run id")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="text, encoded with the run's tokenizer")

@@ -34,7 +34,7 @@ def _open(ref: str, tracking_uri: str | None, out_dir: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.report", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="a run (its directory, its name under outputs/runs/ or its MLflow run id) "
                         "or a sweep (its name, directory or parent run id)")
     parser.add_argument("--out", type=Path, help="where to write the page (default: report.html in the run's "

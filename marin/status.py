@@ -380,7 +380,7 @@ def render(args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.status", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.status", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", nargs="?", help="a sweep (its name, directory or parent run id, or a unique prefix) "
                         "or a run (directory, name, run id or a unique prefix; <sweep>/<job>); none: the newest of both")
     parser.add_argument("--watch", nargs="?", type=float, const=10.0, metavar="SECONDS",

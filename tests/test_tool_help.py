@@ -26,7 +26,7 @@ for module in sys.argv[1:]:
     except BaseException as err:
         code = f"{type(err).__name__}: {err}"
     text = out.getvalue()
-    print(f"{module}\\t{code}\\t{text[:200]!r}\\t{'exit status' in text}", file=sys.__stdout__)
+    print(f"{module}\\t{code}\\t{text!r}\\t{'exit status' in text}", file=sys.__stdout__)
 """
 
 
@@ -48,6 +48,14 @@ def test_every_tool_prints_its_usage_and_exits_0():
     bad = {m: r for m, r in rows.items() if r[0] != "0" or not re.search(r"(^|\\n)usage: python -m " + re.escape(m), r[1][1:])}
     assert not bad, bad
     assert rows["marin.diff"][2] == "True"  # its exit statuses are in its --help
+    # the description under the usage is whole sentences (the docstring's first line ended
+    # mid-sentence in marin.diff: "… differ between two runs, and")
+    import ast
+    helps = {m: ast.literal_eval(r[1]) for m, r in rows.items()}
+    described = {m: text.split("\n\n")[1] for m, text in helps.items() if "\noptions:" in text}  # argparse's
+    assert len(described) >= 10, sorted(described)
+    cut = {m: d for m, d in described.items() if not d.rstrip().endswith((".", ")", ":"))}
+    assert not cut, cut
 
 
 def test_launch_py_help_starts_with_its_usage():

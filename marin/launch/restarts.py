@@ -247,7 +247,7 @@ def submission(folder: Path) -> tuple[Path, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m marin.launch.restarts", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m marin.launch.restarts", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the job's submitit folder")
     parser.add_argument("--exit-code", type=int, required=True, help="srun's exit status")
     parser.add_argument("--started", type=float, help="when this start of the job began (seconds since the epoch)")

@@ -122,7 +122,7 @@ def main(argv=None) -> None:
     from marin.config.store import compose
     from marin.config.validate import load
 
-    p = argparse.ArgumentParser(prog="python -m marin.model.census", description=main.__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m marin.model.census", description=main.__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=4096, help="the layer's T (tokens on the device)")
     p.add_argument("--compiled", action="store_true", help="count the optimised HLO of the default backend")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. experiment=ladder_d768")
