@@ -17,6 +17,7 @@ from marin.data.mixture import check as check_data
 from marin.model.accounting import offload_estimate
 from marin.optim.decay import check as check_decay
 from marin.optim.newton_schulz import check as check_newton_schulz
+from marin.track.backend import check_uri as check_tracking_uri
 from marin.track.forecast_check import check_config as check_forecast
 from marin.track.secrets import check_experiment_names
 from marin.train.init_from import problems as check_init_from
@@ -28,6 +29,7 @@ CHECKS = (
     check_data,        # sources, cells, phases, epochs, files, tokenizer
     check_forecast,    # forecast.registered matches this run
     check_experiment_names,  # run.experiment, tracking.experiment: no password in an MLflow name
+    check_tracking_uri,      # tracking.uri: a store MLflow takes new runs in
 )
 
 

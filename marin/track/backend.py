@@ -38,6 +38,24 @@ def default_uri() -> str:
     return tracking_uri(Config())
 
 
+# The stores MLflow takes new runs in (its file store, a folder or file://, is in maintenance mode
+# and refuses them; MLflow said so only when the run was being made, in a paragraph).
+SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+
+
+def check_uri(cfg: Config) -> list[tuple[str, str]]:
+    """validate's check of the tracking URI a run would use (tracking.uri or $MLFLOW_TRACKING_URI)."""
+    uri = tracking_uri(cfg)
+    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0]   # postgresql+psycopg2://
+    if scheme in SCHEMES:
+        return []
+    what = "MLflow's file store (a folder, file://) takes no new runs" if scheme in ("", "file") else \
+        f"{scheme}: is not a store MLflow takes"
+    return [("tracking.uri" if cfg.tracking.uri else "$MLFLOW_TRACKING_URI",
+             f"{what}: use sqlite:///<path>/mlflow.db, http(s)://<server> or a database URL (postgresql://, "
+             f"mysql://, mssql://); got {safe_uri(uri)}")]
+
+
 def experiment_name(cfg: Config) -> str:
     return cfg.tracking.experiment or cfg.run.experiment or "default"
 

@@ -44,6 +44,9 @@ ONE_LINE = [
     (["fork="], "fork: give a run directory or an MLflow run id@<step> (got an empty value)"),
     (["train.init_from=''"], "train.init_from: give a run directory or an MLflow run id (got an empty value)"),
     (["train.init_from=/nonexistent/run"], "train.init_from"),
+    # a store MLflow takes no run in: its paragraph came when the run was being made
+    (["tracking.uri=file:///tmp/x/mlruns"], "tracking.uri: MLflow's file store (a folder, file://) takes no new runs"),
+    (["tracking.uri=ftp://h/x"], "tracking.uri: ftp: is not a store MLflow takes: use sqlite:///"),
     # a dry run checks the data as a launch does (the files when data.root is here; the tokenizer)
     (["data.sources.0.kind=text", "data.sources.0.paths=[nope/*.txt]", "dry_run=true"], "data.sources[0].paths"),
     (["model.vocab_size=256", "dry_run=json"], "data.tokenizer"),
