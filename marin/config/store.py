@@ -38,6 +38,16 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def last_per_key(overrides: list[str]) -> list[str]:
+    """Later overrides of a key replace earlier ones, in the place of the last: a saved run's
+    `optim.lr=0.001` and this command line's `optim.lr=0.1` are one override, the new one."""
+    out: dict[str, str] = {}
+    for o in overrides:
+        out.pop(override_key(o), None)
+        out[override_key(o)] = o
+    return list(out.values())
+
+
 def override_value(override: str) -> str:
     """The value an override sets, as Hydra reads it: `run.out_dir='/a=b'` sets `/a=b`."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

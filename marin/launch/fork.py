@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from marin.cli import config_errors, fail
-from marin.config.store import override, override_key, shell_join
+from marin.config.store import last_per_key, override, override_key, shell_join
 from marin.config.validate import ConfigError
 from marin.launch.distributed import apply_environment
 from marin.launch.memory import launch_refusal
 from marin.launch.plan import print_plan
 from marin.launch.reproduce import ReproduceError, lookup_uri, out_dir, recompose
-from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, _last_per_key, changes_between
+from marin.launch.resume import IGNORED, PER_INVOCATION, _describe, changes_between
 from marin.launch.slurm import submit
 from marin.track import record
 from marin.train.checkpoint import StructureMismatch, abstract_state, check_structure, checkpoint_dir, listed_steps
@@ -104,7 +104,7 @@ def compose(spec: str, command_overrides: list[str]) -> Fork:
     given = {override_key(o) for o in new}
     # The parent as it last ran: the overrides of its resumes too (a transport switched by resume=)
     earlier = parent.info().get("resumes") or []
-    new = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
+    new = last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     latest = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     try:
         parent_cfg = record.load_config_file(parent.run_dir / latest)

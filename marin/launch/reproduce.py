@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
 from marin.config.schema import Config, RunConfig
-from marin.config.store import compose, override, override_key, override_value
+from marin.config.store import compose, last_per_key, override, override_key, override_value
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
 from marin.launch.command_line import hydra_problem
@@ -337,4 +337,4 @@ def recompose(ref: str, new_overrides: list[str], verb: str = "reproducing",
     if verb == "reproducing":
         log.info("reproducing run %s (%s)%s", source.run_id, source.run_dir,
                  f" with {len(given)} new override(s): {' '.join(given)}" if given else ", as it was")
-    return composed, resolved, kept + new + [override("reproduce", source.run_id)]
+    return composed, resolved, last_per_key(kept + new) + [override("reproduce", source.run_id)]

@@ -32,7 +32,7 @@ import time
 
 from marin.cli import config_errors, fail
 from marin.launch.memory import launch_refusal
-from marin.config.store import override, override_key, shell_join
+from marin.config.store import last_per_key, override, override_key, shell_join
 from marin.config.validate import ConfigError
 from marin.launch import slurm as slurm_launch
 from marin.launch.distributed import apply_environment, check_gpu_install
@@ -56,15 +56,6 @@ IGNORED = ("resume", "reproduce", "fork", "dry_run", "wait", "tracking.uri", "tr
 PER_INVOCATION = ("train.stop_after",)   # never carried into a later resume
 MIXTURE_KEYS = ("data.name", "data.sources", "data.cells_file", "data.phase_names", "data.phase_boundaries")
 
-
-
-def _last_per_key(overrides: list[str]) -> list[str]:
-    """Later overrides of a key replace earlier ones (Hydra refuses a key given twice)."""
-    out: dict[str, str] = {}
-    for o in overrides:
-        out.pop(override_key(o), None)
-        out[override_key(o)] = o
-    return list(out.values())
 
 
 def changes_between(old: dict, new: dict) -> dict[str, list]:
@@ -119,7 +110,7 @@ def resume(command_overrides: list[str], dry_run=False, wait: bool = False, ref:
 
 def _resume(source, new: list[str], dry_run, wait: bool) -> None:
     earlier = source.info().get("resumes") or []
-    carried = _last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
+    carried = last_per_key([o for r in earlier for o in r.get("overrides", []) if override_key(o) not in PER_INVOCATION] + new)
     base = earlier[-1]["resolved"] if earlier and earlier[-1].get("resolved") else record.RESOLVED
     previous = record.load_config_file(source.run_dir / base)
     steps = sorted(int(p.name) for p in checkpoint_dir(source.run_dir).glob("[0-9]*") if p.name.isdigit())

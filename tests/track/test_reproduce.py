@@ -47,6 +47,15 @@ def test_saved_values_kept_new_overrides_applied(source, store, tmp_path):
     assert not any(o.startswith(("tracking.uri=", "run.out_dir=" + str(store["out"]))) for o in overrides)
 
 
+def test_a_new_value_of_a_saved_key_replaces_it_in_the_new_records_overrides(source, tmp_path):
+    """Both the saved optim.lr=0.002 and the new one were kept: a multirun of reproductions named
+    its jobs `optim.lr=0.002,optim.lr=0.1` (both are swept keys) instead of `lr=0.1`."""
+    _, resolved, overrides = recompose(str(source.run_dir), ["optim.lr=0.1", f"run.out_dir={tmp_path}"])
+    assert resolved.optim.lr == 0.1
+    assert [o for o in overrides if o.startswith("optim.lr=")] == ["optim.lr=0.1"]
+    assert "train.seed=7" in overrides   # the other saved ones stay
+
+
 def test_new_run_is_tagged_reproduced_from(source, store):
     composed, resolved, overrides = recompose(source.run_id, [f"tracking.uri={store['uri']}",
                                                                f"run.out_dir={store['out']}"])
