@@ -10,13 +10,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from marin.cli import exit_now
+from marin.cli import exit_now, interrupt_safely
 from marin.config.store import register
 from marin.launch import command_line
 from marin.launch.entry import dispatch, quote_run_references, show
 from marin.track.secrets import guard_output
 
 guard_output(sys.argv)  # from here on, what is printed (Hydra's errors included) has its secrets masked
+interrupt_safely()  # a Ctrl-C while JAX loads is not lost
 register()
 
 
@@ -45,6 +46,9 @@ if __name__ == "__main__":
     command_line.report_in_one_line()
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composed or modules loaded: nothing was written yet
+        print("interrupted", file=sys.stderr)
+        exit_now(130)
     except SystemExit as done:
         # Hydra reports a composition error (unknown option or key, wrong type) and exits 1;
         # it is bad input like any other, so it gets bad input's status.

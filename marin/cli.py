@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
+import importlib.machinery
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -54,6 +58,42 @@ def setup_logging() -> None:
     # JAX's INFO lines are for its developers: one per platform it could not start ("Unable to
     # initialize backend 'tpu': … libtpu.so") on every machine without that hardware
     logging.getLogger("jax").setLevel(logging.WARNING)
+
+
+def interrupt_safely() -> None:
+    """Ctrl-C raises KeyboardInterrupt as usual, except where raising it loses it or crashes:
+    inside a garbage-collection callback (JAX runs one at every collection, `_xla_gc_callback`:
+    Python printed "Exception ignored in" and dropped it, and a Ctrl-C pressed while JAX loaded let
+    the run go on to its end), or while a C extension module is made (jaxlib's crashed the
+    interpreter with a segmentation fault or an abort). There the signal is sent again 50 ms later. A
+    SIGINT inherited as ignored (nohup, a background job) stays ignored; the trainer installs
+    its own handler."""
+    def unsafe(frame) -> bool:
+        return frame.f_code in {getattr(cb, "__code__", None) for cb in gc.callbacks} or (
+            frame.f_code.co_name in ("create_module", "exec_module")
+            and isinstance(frame.f_locals.get("self"), importlib.machinery.ExtensionFileLoader))
+
+    def on_sigint(signum, frame):
+        while frame is not None:
+            if unsafe(frame):
+                threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+                return
+            frame = frame.f_back
+        _interrupted.set()
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+
+
+_interrupted = threading.Event()
+
+
+def raise_if_interrupted() -> None:
+    """Before a run's first write: a Ctrl-C whose KeyboardInterrupt some library swallowed (one
+    raised inside OmegaConf while Hydra loaded a config was, now and then) still stops it here."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
 
 
 def config_errors(err: ConfigError, prefix: str = "") -> str:

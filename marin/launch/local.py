@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from marin.cli import fail
+from marin.cli import fail, raise_if_interrupted
 from marin.data.prepare import UnreadableSource
 from marin.track import backend, record, secrets, worker
 from marin.track.errors import first_line
@@ -49,6 +49,7 @@ def run_local(composed, resolved, overrides) -> record.RunRecord:
         if (why := check_host_memory()) is not None:
             fail(why)
     not_made = f"could not create the run record ({secrets.safe_uri(uri)}, {out})"
+    raise_if_interrupted()  # the last moment a Ctrl-C leaves nothing behind
     try:
         draft = record.prepare(composed, resolved, overrides)
     except Exception as err:  # noqa: BLE001 — nothing was made: one line, not a traceback

@@ -29,7 +29,7 @@ from pathlib import Path
 import submitit
 from omegaconf import OmegaConf
 
-from marin.cli import fail, setup_logging
+from marin.cli import fail, raise_if_interrupted, setup_logging
 from marin.config import derive
 from marin.config.schema import Config
 from marin.launch import distributed, restarts
@@ -228,6 +228,7 @@ def submit(composed, resolved, overrides: list[str]) -> None:
         fail(problem)
     if (problem := check_gpu_install(resolved.hardware)) is not None:
         fail(problem)
+    raise_if_interrupted()  # the last moment a Ctrl-C leaves nothing behind
     try:
         rec = run_record.create(composed, resolved, overrides)
     except backend.TrackingUnavailable as err:
