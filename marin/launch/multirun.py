@@ -6,6 +6,7 @@ them without Hydra's machinery. No JAX.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -20,6 +21,7 @@ from marin.launch.distributed import check_gpu_install
 from marin.launch.fork import ForkError
 from marin.launch.fork import compose as compose_fork
 from marin.launch.memory import launch_refusal
+from marin.launch.reproduce import ReproduceError, recompose
 from marin.track.errors import first_line
 
 
@@ -67,8 +69,16 @@ def check_jobs(jobs: list[Job]) -> list[str]:
         if job.problems:
             lines += [f"{where}: {p}" for p in job.problems]
             continue
-        if job.task.get("resume") or job.task.get("reproduce"):
-            continue  # checked against the saved run when the job runs
+        if job.task.get("resume"):
+            continue  # checked against the run when the job runs (its lock, its checkpoints)
+        if job.task.get("reproduce"):  # the saved run found and its config recomposed; run again by the job
+            try:
+                _as_the_job(job, lambda: _quietly(recompose, str(job.task.reproduce), filter_overrides(job.overrides)))
+            except ReproduceError as err:
+                lines.append(f"{where}: reproduce: {err}")
+            except ConfigError as err:
+                lines += [f"{where}: {name}: {msg}" for name, msg in err.problems]
+            continue
         if job.task.get("fork"):  # the parent's config with the job's overrides (a paired A/B's arms)
             try:
                 made = _as_the_job(job, lambda: compose_fork(str(job.task.fork), filter_overrides(job.overrides)))
@@ -92,6 +102,17 @@ def check_jobs(jobs: list[Job]) -> list[str]:
         if job.trains and (problem := launch_refusal(job.resolved)) is not None:
             lines.append(f"{where}: {problem}")
     return lines
+
+
+def _quietly(fn, *args):
+    """`fn(*args)` without its log lines (what a reproduction says is said when its job runs)."""
+    logger = logging.getLogger("marin.launch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return fn(*args)
+    finally:
+        logger.setLevel(level)
 
 
 def _as_the_job(job: Job, fn):

@@ -113,6 +113,19 @@ def test_a_sweep_job_is_reproduced_bit_for_bit_by_its_status_name(grid, capsys, 
 
 
 @pytest.mark.slow
+def test_a_multirun_of_reproductions_is_checked_before_its_first_job(grid):
+    """Each job of `-m reproduce=<job> optim.lr=…` is recomposed from the saved run before any
+    runs: a bad value stops the multirun (it failed in its own job after the others had run)."""
+    out, uri, _ = grid
+    before = set((out / "runs").iterdir())
+    done = subprocess.run([sys.executable, "launch.py", "-m", "reproduce=grid/lr=0.001", "optim.lr=0.1,-0.2",
+                           f"run.out_dir={out}", f"tracking.uri={uri}"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (
+        2, "error: job 2/2 (optim.lr=-0.2): optim.lr: must be 'auto' or a finite number > 0; got -0.2\n")
+    assert set((out / "runs").iterdir()) == before
+
+
+@pytest.mark.slow
 def test_a_sweep_job_is_forked_resumed_followed_started_from_and_sampled_by_its_status_name(grid, capsys):
     from marin import generate, lineage
 
