@@ -68,14 +68,15 @@ def interrupt_safely() -> None:
     interpreter with a segmentation fault or an abort). There the signal is sent again 50 ms later. A
     SIGINT inherited as ignored (nohup, a background job) stays ignored; the trainer installs
     its own handler."""
-    def unsafe(frame) -> bool:
-        return frame.f_code in {getattr(cb, "__code__", None) for cb in gc.callbacks} or (
+    def unsafe(frame, callbacks: set) -> bool:
+        return frame.f_code in callbacks or (
             frame.f_code.co_name in ("create_module", "exec_module")
             and isinstance(frame.f_locals.get("self"), importlib.machinery.ExtensionFileLoader))
 
     def on_sigint(signum, frame):
+        callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
         while frame is not None:
-            if unsafe(frame):
+            if unsafe(frame, callbacks):
                 threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
                 return
             frame = frame.f_back

@@ -34,6 +34,9 @@ from marin.config.store import options, override_key, shell_join
 # Hydra would make these folders, but marin writes nothing there: a run's directory is
 # <run.out_dir>/<run.name>, and Hydra's sweep folder only holds its private multirun.yaml.
 HYDRA_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+# Hydra's errors about what it was given (an option, a key, a value, its grammar, a YAML file):
+# `hydra_problem` words each in one line.
+INPUT_ERRORS = (ConfigCompositionException, OverrideParseException, yaml.YAMLError)
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def report_in_one_line() -> None:
         def run():
             try:
                 return func()
-            except (ConfigCompositionException, OverrideParseException, yaml.YAMLError) as err:
+            except INPUT_ERRORS as err:
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 fail(hydra_problem(err))

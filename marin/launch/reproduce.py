@@ -21,7 +21,6 @@ import logging
 import os
 from pathlib import Path
 
-from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import OmegaConf
 
 from marin.config.paths import CONF_DIR, SWEEPS_DIR
@@ -29,7 +28,7 @@ from marin.config.schema import Config, RunConfig
 from marin.config.store import compose, last_per_key, override, override_key, override_value
 from marin.config.validate import RUN_NAME_MAX
 from marin.launch.checks import load
-from marin.launch.command_line import hydra_problem
+from marin.launch.command_line import INPUT_ERRORS, hydra_problem
 from marin.track import backend, record, secrets
 from marin.track.errors import first_line
 from marin.track.record import flatten
@@ -171,7 +170,7 @@ def _found_here(override: str, folders: list[Path]) -> bool:
 
 def _problem(err: Exception) -> str:
     """A compose error as one line: Hydra's as launch.py words them (`model=tinyy: no such option…`)."""
-    if isinstance(err, (ConfigCompositionException, OverrideParseException)):
+    if isinstance(err, INPUT_ERRORS):
         return hydra_problem(err)
     return first_line(err)
 

@@ -100,8 +100,8 @@ def find_run(ref: str, out_dir: str | Path | None = None) -> Path | str:
     ids = {str(by_id.get(p, "")) for p in matches}
     if len(matches) > 1 and len(ids) == 1 and FULL_ID.fullmatch(run_id := ids.pop()):
         return run_id  # copies of one run's directory: the store knows which one is the run's
-    if len(matches) > 1 and names_sweep(ref, out_dir):  # `lr_grid`: one of its jobs, as marin.status names them
-        every = jobs(Path(find_sweep(ref, out_dir)))
+    if len(matches) > 1 and (folder := sweep_folder(ref, out_dir)):  # `lr_grid`: a job, as marin.status names them
+        every = jobs(folder)
         shown = ", ".join(f"{ref}/{j['name']}" for j in every[:SHOWN]) + (f" (+{len(every) - SHOWN} more)"
                                                                          if len(every) > SHOWN else "")
         raise RefError(f"{ref}: a sweep of {len(every)} jobs, not one run: name a job, {shown or '<sweep>/<job>'}")
@@ -142,13 +142,20 @@ def find_sweep(ref: str, out_dir: str | Path | None = None) -> Path | str:
     return found if found is not None else ref
 
 
+def sweep_folder(ref: str, out_dir: str | Path | None = None) -> Path | None:
+    """The directory of the sweep `ref` names under `out_dir`, or None; a full id that is no local
+    sweep's parent is left to the store."""
+    try:
+        found = find_sweep(ref, out_dir)
+    except RefError:
+        return None
+    return found if isinstance(found, Path) else None
+
+
 def names_sweep(ref: str, out_dir: str | Path | None = None) -> bool:
     """Whether `ref` names a sweep found under `out_dir` (tools that take a run or a sweep try the
-    sweep first); a full id that is no local sweep's parent is left to the store."""
-    try:
-        return isinstance(find_sweep(ref, out_dir), Path)
-    except RefError:
-        return False
+    sweep first)."""
+    return sweep_folder(ref, out_dir) is not None
 
 
 def open_sweep(ref: str, tracking_uri: str | None = None, out_dir: str | Path | None = None):
